@@ -1,0 +1,42 @@
+"""Where the project's environments, caches and logs live.
+
+Defaults are relative to the checkout (what ``scripts/setup.sh`` builds); each can be moved with an
+environment variable, so an installed (non-editable) package or a cluster can point elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env_path(var: str, default: Path) -> Path:
+    value = os.environ.get(var)
+    return Path(value).expanduser().resolve() if value else default
+
+
+def cache_dir() -> Path:
+    """Git-ignored cache: tiny models, Gym server venv links, downloads (``NGV_CACHE_DIR``)."""
+    return _env_path("NGV_CACHE_DIR", REPO_ROOT / ".cache")
+
+
+def gym_venv() -> Path:
+    """The NeMo Gym venv (Python >=3.13 where available) built by setup (``NGV_GYM_VENV``)."""
+    return _env_path("NGV_GYM_VENV", REPO_ROOT / ".gym-venv")
+
+
+def gym_server_venvs_dir() -> Path:
+    """Gym's ``uv_venv_dir``: ``<dir>/<server type>/<impl>/.venv`` links to ready venvs (``NGV_GYM_SERVER_VENVS``)."""
+    return _env_path("NGV_GYM_SERVER_VENVS", cache_dir() / "gym-server-venvs")
+
+
+def tiny_models_dir() -> Path:
+    """Where deterministic tiny test models are built on demand (``NGV_TINY_MODELS``)."""
+    return _env_path("NGV_TINY_MODELS", cache_dir() / "tiny-models")
+
+
+def logs_dir() -> Path:
+    """Per-server log files (``NGV_LOG_DIR``)."""
+    return _env_path("NGV_LOG_DIR", REPO_ROOT / "logs")

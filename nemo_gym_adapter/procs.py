@@ -1,0 +1,246 @@
+"""Child-process lifecycle shared by every server we start (vLLM, NeMo Gym).
+
+Rules this module enforces (see STYLE.md §8):
+- each server runs in its own session (process group) with its own log file;
+- readiness is polled with a timeout, and a server that dies or never answers raises ``ServerError``
+  naming the server and quoting the tail of its log;
+- cleanup is by pid, never by name: before signalling we snapshot the whole descendant tree (psutil),
+  because some children (Ray helpers, uvicorn workers) start their own sessions and would escape a
+  process-group kill;
+- every live process is stopped on normal exit (atexit), on SIGTERM/SIGINT, and by the context manager.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from nemo_gym_adapter.errors import ServerError
+
+logger = logging.getLogger(__name__)
+
+_LIVE: dict[int, ManagedProcess] = {}
+_LIVE_LOCK = threading.Lock()
+_HANDLERS_INSTALLED = False
+
+
+def log_tail(path: Path | str, lines: int = 40) -> str:
+    """Return the last ``lines`` lines of a log file ('' if missing)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every live descendant of ``pid`` (children first-level included), best effort."""
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def kill_tree(pids: Iterable[int], timeout: float = 10.0) -> None:
+    """SIGTERM every pid in ``pids``, wait up to ``timeout`` s, then SIGKILL whatever is left."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+class ManagedProcess:
+    """A server subprocess we own: started in its own session, logged to a file, stopped with its tree.
+
+    Use as a context manager or call :meth:`stop`; either way it is also stopped at interpreter exit and
+    on SIGTERM/SIGINT.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        log_path: Path | str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+    ) -> None:
+        self.name = name
+        self.cmd = list(cmd)
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        _install_handlers()
+        self._log = open(self.log_path, "ab")
+        self._log.write(f"\n$ {' '.join(self.cmd)}\n".encode())
+        self._log.flush()
+        self.popen = subprocess.Popen(
+            self.cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=str(cwd) if cwd is not None else None,
+            start_new_session=True,
+        )
+        self._known_descendants: set[int] = set()
+        with _LIVE_LOCK:
+            _LIVE[self.popen.pid] = self
+        logger.info("started %s (pid %d), log: %s", name, self.popen.pid, self.log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines)
+
+    def remember_descendants(self) -> None:
+        """Record the current descendant pids, so they are stopped even if later re-parented to init."""
+        self._known_descendants.update(descendants(self.pid))
+
+    def fail(self, why: str) -> ServerError:
+        """A ``ServerError`` naming this server, with the log tail."""
+        return ServerError(f"{self.name}: {why}\n--- last lines of {self.log_path} ---\n{self.tail()}")
+
+    def wait_http_ready(
+        self,
+        url: str,
+        timeout: float,
+        ok_statuses: tuple[int, ...] = (200,),
+        interval: float = 0.5,
+    ) -> float:
+        """Poll ``url`` until it answers one of ``ok_statuses``; return seconds waited.
+
+        Raises ``ServerError`` (with the log tail) if the process exits or ``timeout`` passes.
+        """
+        t0 = time.monotonic()
+        last = "no answer yet"
+        while True:
+            if not self.alive():
+                raise self.fail(f"exited with code {self.popen.returncode} before {url} answered")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    if r.status in ok_statuses:
+                        self.remember_descendants()
+                        return time.monotonic() - t0
+                    last = f"HTTP {r.status}"
+            except urllib.error.HTTPError as e:
+                if e.code in ok_statuses:
+                    self.remember_descendants()
+                    return time.monotonic() - t0
+                last = f"HTTP {e.code}"
+            except (urllib.error.URLError, OSError) as e:
+                last = str(e)
+            if time.monotonic() - t0 > timeout:
+                raise self.fail(f"not ready after {timeout:.0f}s at {url} (last: {last})")
+            time.sleep(interval)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop the process and every descendant (SIGTERM, then SIGKILL after ``timeout``). Idempotent."""
+        with _LIVE_LOCK:
+            _LIVE.pop(self.popen.pid, None)
+        pids = set(self._known_descendants)
+        if self.alive():
+            pids.update(descendants(self.pid))
+            pids.add(self.pid)
+            try:  # the whole session first: cheap and catches children psutil has not seen yet
+                os.killpg(self.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        kill_tree(pids, timeout=timeout)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if not self._log.closed:
+            self._log.close()
+        logger.info("stopped %s (pid %d)", self.name, self.pid)
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_all() -> None:
+    """Stop every ManagedProcess still alive (used at exit and on signals)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE.values())
+    for proc in reversed(live):
+        try:
+            proc.stop()
+        except Exception:  # cleanup must go on for the others
+            logger.exception("failed to stop %s", proc.name)
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    stop_all()
+    # Re-deliver with the default action so the exit status says "killed by signal".
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    """Install atexit and SIGTERM/SIGINT handlers once (main thread only; Python allows no other)."""
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED:
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(stop_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if previous in (signal.SIG_DFL, signal.default_int_handler, None):
+            signal.signal(sig, _on_signal)
+        else:
+            # Someone (pytest, Ray, hydra) already handles it: chain, don't replace.
+            def chained(signum: int, frame: object, _prev=previous) -> None:
+                stop_all()
+                if callable(_prev):
+                    _prev(signum, frame)
+
+            signal.signal(sig, chained)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host`` (the OS picks it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
