@@ -15,6 +15,7 @@ pytest_plugins = [
     "nemo_gym_adapter.testing.model_fixtures",
     "nemo_gym_adapter.testing.vllm_fixtures",
     "nemo_gym_adapter.testing.gym_fixtures",
+    "nemo_gym_adapter.testing.ray_vllm_fixtures",
 ]
 
 

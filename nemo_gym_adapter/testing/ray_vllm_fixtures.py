@@ -1,0 +1,1 @@
+"""pytest fixtures (loaded by tests/conftest.py). Filled in by the component that owns them."""
