@@ -1,0 +1,300 @@
+"""The on-policy splice: the exact prompt for turn k+1 from the tokens the model saw and produced up to turn k.
+
+NeMo Gym sends every earlier model call back as an assistant message carrying ``prompt_token_ids`` and
+``generation_token_ids``. vLLM ignores those keys and re-renders the whole conversation through the chat template,
+so the next prompt re-encodes text the model produced as different tokens (a word generated as two pieces and
+re-encoded as one, ``<tool_call>`` spelled in plain pieces, tool-call JSON re-serialised, ``<think>`` stripped from
+earlier turns, ``<|endoftext|>`` replaced by ``<|im_end|>``). Training on such a trajectory is off-policy.
+
+The splice keeps the model's own tokens for everything up to and including the last tokenized assistant turn and
+takes only what comes after it (tool outputs, user messages, later assistant messages without ids, the generation
+prompt) from the normal render::
+
+    model_prefix  = prompt_token_ids + generation_token_ids     of the last assistant message carrying ids (index k)
+    prefix_render = render(messages[: k + 1], add_generation_prompt=False)
+    full_render   = render(messages)                            (the request as vLLM would render it)
+    n             = number of turn ends in prefix_render
+    p             = position of the n-th turn end in full_render
+    prompt        = model_prefix + full_render[p + 1:]   if the generation ended with a stop id (kept as generated)
+                    model_prefix + full_render[p:]       otherwise (length cut, stop string: the template's terminator
+                                                          is inserted)
+
+The turn end is matched by *count*, not by position: templates that strip ``<think>`` from earlier turns (Qwen3) make
+the prefix render longer than the same turns inside the full render (NeMo RL #3130).
+
+A *turn end* is any of the template's stop ids (its terminator, the tokenizer EOS, generation-config EOS ids), in all
+three sequences. Counting only the terminator would break from the third turn on: when an earlier generation ended
+with ``<|endoftext|>`` the splice keeps it, so the model prefix then holds one terminator fewer than the re-rendered
+history. Stop ids cannot occur inside a generation (the engine stops at the first), and the template writes exactly
+one terminator where the model wrote one stop id, so counts stay comparable; anything else (a message removed,
+merged or summarised; a model that produced a terminator mid-generation) shows up as a count mismatch and raises
+``TokenAlignmentError`` rather than guessing.
+
+Everything here is pure: token lists in, a new list out; no decode, no encode, linear scans only (this runs in
+vLLM's request preprocessing on every turn).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_gym_adapter.errors import TokenAlignmentError
+
+# Keys NeMo Gym's vllm_model (return_token_id_information: true) puts on each assistant message it sends back.
+PROMPT_IDS_KEY = "prompt_token_ids"
+GENERATION_IDS_KEY = "generation_token_ids"
+
+# A probe string no chat template rewrites, used to find what the template writes right after assistant content.
+_PROBE_MARKER = "NGVSPLICEPROBE"
+# Ids shown on each side of a mismatch in error messages.
+_WINDOW = 6
+
+
+@dataclass(frozen=True)
+class TurnTemplate:
+    """What a chat template writes at turn ends, and what a generation may end with.
+
+    ``terminator_id``: the token the chat template writes at the end of every assistant turn (``<|im_end|>``,
+    ``<|eot_id|>``), which is not necessarily the tokenizer's EOS. ``stop_ids``: every id a generation may end with:
+    the terminator, the tokenizer EOS, the generation-config EOS ids. The terminator is always added to ``stop_ids``.
+    """
+
+    terminator_id: int
+    stop_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not _is_token_id(self.terminator_id):
+            raise TokenAlignmentError(
+                f"TurnTemplate.terminator_id must be a non-negative int, got {self.terminator_id!r}"
+            )
+        stops = frozenset(self.stop_ids) | {self.terminator_id}
+        bad = sorted(repr(s) for s in stops if not _is_token_id(s))
+        if bad:
+            raise TokenAlignmentError(f"TurnTemplate.stop_ids must be non-negative ints, got {', '.join(bad)}")
+        # Frozen dataclass: normalising a field needs object.__setattr__ (only ever during construction).
+        object.__setattr__(self, "stop_ids", stops)
+
+
+def turn_template_from_tokenizer(
+    tokenizer: Any, extra_stop_ids: Iterable[int] = (), *, chat_template: str | None = None
+) -> TurnTemplate:
+    """Derive the turn terminator from the tokenizer's own chat template, not from ``eos_token_id``.
+
+    Renders a probe conversation (user, assistant with a marker content) without a generation prompt and takes the
+    first added/special token the template writes after the marker: ``<|im_end|>`` for ChatML, ``<|eot_id|>`` for
+    Llama 3 (whose EOS is ``<|end_of_text|>``). ``extra_stop_ids``: generation-config EOS ids the engine also stops
+    at. ``chat_template`` overrides the tokenizer's template (vLLM's ``--chat-template``).
+
+    ``tokenizer`` needs ``apply_chat_template``, ``encode`` and ``get_added_vocab`` or ``added_tokens_decoder``
+    (Hugging Face tokenizers and vLLM's tokenizer wrappers have them). Runs once per server, so decode/encode is fine.
+    Raises ``TokenAlignmentError`` when the template writes no special token after assistant content.
+    """
+    special_ids = _added_token_ids(tokenizer)
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": False}
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
+    probes = (
+        [{"role": "user", "content": "probe"}, {"role": "assistant", "content": _PROBE_MARKER}],
+        # Some templates insist on a system message first.
+        [
+            {"role": "system", "content": "probe"},
+            {"role": "user", "content": "probe"},
+            {"role": "assistant", "content": _PROBE_MARKER},
+        ],
+    )
+    problems: list[str] = []
+    for probe in probes:
+        try:
+            text = tokenizer.apply_chat_template(probe, **kwargs)
+        except Exception as e:  # templates raise arbitrary errors (jinja2 exceptions, ValueError, ...)
+            problems.append(f"rendering {len(probe)} messages raised {type(e).__name__}: {e}")
+            continue
+        if not isinstance(text, str) or _PROBE_MARKER not in text:
+            problems.append(f"the {len(probe)}-message render does not contain the assistant content")
+            continue
+        tail = text[text.rindex(_PROBE_MARKER) + len(_PROBE_MARKER) :]
+        tail_ids = tokenizer.encode(tail, add_special_tokens=False)
+        terminator = next((t for t in tail_ids if t in special_ids), None)
+        if terminator is None:
+            problems.append(f"no added/special token after the assistant content (template writes {tail!r})")
+            continue
+        stops = {terminator, *extra_stop_ids}
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if _is_token_id(eos):
+            stops.add(eos)
+        return TurnTemplate(terminator_id=terminator, stop_ids=frozenset(stops))
+    raise TokenAlignmentError("cannot find the assistant-turn terminator in the chat template: " + "; ".join(problems))
+
+
+def last_tokenized_assistant(messages: Sequence[Mapping[str, Any]]) -> tuple[int, list[int]] | None:
+    """Index of the last assistant message carrying token ids, and its model prefix.
+
+    ``messages``: chat-completions messages as vLLM receives them (dicts). The model prefix is a new list
+    ``prompt_token_ids + generation_token_ids`` (length P + G): exactly what the model saw and produced. Returns None
+    when no assistant message carries ids (first turn, or a client that sends none: the caller skips the splice).
+    A key holding None counts as absent. Raises ``TokenAlignmentError`` naming the message index and key when only
+    one of the two keys is present or a value is not a list of non-negative ints.
+    """
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        prompt = message.get(PROMPT_IDS_KEY)
+        generation = message.get(GENERATION_IDS_KEY)
+        if prompt is None and generation is None:
+            continue
+        for key, value in ((PROMPT_IDS_KEY, prompt), (GENERATION_IDS_KEY, generation)):
+            _check_ids(value, f"messages[{index}].{key}")
+        if not prompt:
+            raise TokenAlignmentError(f"messages[{index}].{PROMPT_IDS_KEY} is empty: a prompt has at least one token")
+        return index, [*prompt, *generation]
+    return None
+
+
+def messages_through(messages: Sequence[Mapping[str, Any]], index: int) -> list[Mapping[str, Any]]:
+    """``messages[: index + 1]`` as a new list, checked: in range and ending with an assistant message.
+
+    This is the conversation to render (without a generation prompt) as ``prefix_render`` for ``splice_prompt``.
+    """
+    if not 0 <= index < len(messages):
+        raise TokenAlignmentError(f"tokenized message index {index} is out of range for {len(messages)} messages")
+    role = messages[index].get("role") if isinstance(messages[index], Mapping) else None
+    if role != "assistant":
+        raise TokenAlignmentError(f"messages[{index}] carries token ids but its role is {role!r}, not 'assistant'")
+    return list(messages[: index + 1])
+
+
+def splice_prompt(
+    model_prefix: Sequence[int], prefix_render: Sequence[int], full_render: Sequence[int], template: TurnTemplate
+) -> list[int]:
+    """The prompt to feed the engine: the model's own tokens, then the rendered rest of the conversation.
+
+    ``model_prefix`` (length M): the exact tokens the model saw and produced up to the last tokenized assistant
+    message (``last_tokenized_assistant``). ``prefix_render``: chat-template render of the messages up to and
+    including that assistant, without a generation prompt. ``full_render`` (length F): the normal render of the whole
+    request, with its generation prompt. Returns a new list ``model_prefix + full_render[p + 1:]`` (generation ended
+    with a stop id, which is kept) or ``model_prefix + full_render[p:]`` (no stop id: the template's terminator is
+    inserted), p = position of the n-th turn end in ``full_render``, n = turn ends in ``prefix_render``.
+
+    Raises ``TokenAlignmentError`` (never guesses) when the model prefix's turn count differs from the rendered
+    history's (history edited, summarised, truncated or merged) or the full render has fewer turn ends than the
+    prefix render. O(M + F) time; inputs are not modified.
+    """
+    model_prefix = _as_list(model_prefix)
+    prefix_render = _as_list(prefix_render)
+    full_render = _as_list(full_render)
+    stops = template.stop_ids
+    if not model_prefix:
+        raise TokenAlignmentError("the model prefix (prompt_token_ids + generation_token_ids) is empty")
+
+    rendered_turns = _count(prefix_render, stops)
+    if rendered_turns == 0:
+        raise TokenAlignmentError(
+            f"the render of the history through the last tokenized assistant message ({len(prefix_render)} ids) "
+            f"contains no turn end (stop ids {sorted(stops)}); ends with {_window(prefix_render, len(prefix_render))}"
+        )
+
+    ends_with_stop = model_prefix[-1] in stops
+    # A generation cut by length or a stop string has no stop id: its turn still ends there.
+    model_turns = _count(model_prefix, stops) + (0 if ends_with_stop else 1)
+    if model_turns != rendered_turns:
+        raise TokenAlignmentError(
+            _turn_mismatch_message(model_prefix, prefix_render, model_turns, rendered_turns, stops)
+        )
+
+    positions = _positions(full_render, stops)
+    if len(positions) < rendered_turns:
+        raise TokenAlignmentError(
+            f"the full render has {len(positions)} turn ends but the history through the last tokenized assistant "
+            f"message has {rendered_turns}; full render ({len(full_render)} ids) ends with "
+            f"{_window(full_render, len(full_render))}"
+        )
+    p = positions[rendered_turns - 1]
+    return model_prefix + full_render[p + 1 if ends_with_stop else p :]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _is_token_id(value: object) -> bool:
+    # bool is an int subclass; True is never a meaningful token id in a JSON payload.
+    return type(value) is int and value >= 0
+
+
+def _added_token_ids(tokenizer: Any) -> set[int]:
+    """Ids of added and special tokens: where chat templates' structural tokens live."""
+    ids: set[int] = set(getattr(tokenizer, "all_special_ids", None) or ())
+    get_added_vocab = getattr(tokenizer, "get_added_vocab", None)
+    if callable(get_added_vocab):
+        ids.update(get_added_vocab().values())
+    ids.update(getattr(tokenizer, "added_tokens_decoder", None) or {})
+    return ids
+
+
+def _check_ids(value: object, where: str) -> None:
+    """Raise unless ``value`` is a list (or tuple) of non-negative ints. Linear, C-level for the common case."""
+    if not isinstance(value, (list, tuple)):
+        raise TokenAlignmentError(f"{where} must be a list of token ids, got {type(value).__name__}")
+    if not value:
+        return
+    types = set(map(type, value))
+    if types != {int}:
+        bad = next(i for i, t in enumerate(value) if type(t) is not int)
+        raise TokenAlignmentError(f"{where}[{bad}] must be an int token id, got {value[bad]!r}")
+    if min(value) < 0:
+        bad = next(i for i, t in enumerate(value) if t < 0)
+        raise TokenAlignmentError(f"{where}[{bad}] is a negative token id: {value[bad]}")
+
+
+def _as_list(ids: Sequence[int]) -> list[int]:
+    # Lists are used as is (never modified: slicing and + build new lists); anything else is copied once.
+    return ids if isinstance(ids, list) else list(ids)
+
+
+def _count(ids: list[int], stops: frozenset[int]) -> int:
+    return sum(ids.count(s) for s in stops)
+
+
+def _positions(ids: list[int], stops: frozenset[int]) -> list[int]:
+    """Sorted positions of every stop id: one C-level ``list.index`` scan per stop id (few), no Python loop per id."""
+    found: list[int] = []
+    for stop in stops:
+        start = 0
+        try:
+            while True:
+                start = ids.index(stop, start) + 1
+                found.append(start - 1)
+        except ValueError:
+            pass
+    found.sort()
+    return found
+
+
+def _window(ids: list[int], at: int) -> str:
+    """Ids around position ``at`` (the id at ``at`` bracketed), for error messages; decode-free."""
+    lo, hi = max(0, at - _WINDOW), min(len(ids), at + _WINDOW + 1)
+    shown = [f">{t}<" if i == at else str(t) for i, t in enumerate(ids[lo:hi], start=lo)]
+    return f"[{'... ' if lo else ''}{', '.join(shown)}{' ...' if hi < len(ids) else ''}] (index {at})"
+
+
+def _turn_mismatch_message(
+    model_prefix: list[int], prefix_render: list[int], model_turns: int, rendered_turns: int, stops: frozenset[int]
+) -> str:
+    # Error path only: the extra scans here cost nothing on the hot path.
+    last = model_prefix[-1]
+    ending = f"stop id {last}" if last in stops else f"id {last}, no stop id (cut by length or a stop string)"
+    # Where the two first differ: an edited early message shows here; otherwise it is the first re-encoded assistant
+    # turn (expected to differ) and the count is what matters.
+    first = next((i for i, (a, b) in enumerate(zip(model_prefix, prefix_render, strict=False)) if a != b), None)
+    if first is None:
+        first = min(len(model_prefix), len(prefix_render))
+    return (
+        f"token history does not match the conversation: the model prefix has {model_turns} turns "
+        f"({len(model_prefix)} ids, ends with {ending}) but the rendered history through the last tokenized "
+        f"assistant message has {rendered_turns} ({len(prefix_render)} ids; turn ends = stop ids {sorted(stops)}). "
+        "Was the conversation edited, summarised or truncated, or were two model calls merged into one message? "
+        f"First difference: model {_window(model_prefix, first)} vs rendered {_window(prefix_render, first)}"
+    )
