@@ -1,0 +1,550 @@
+"""Send a step's rows to NeMo Gym's ``/run`` endpoints and get one outcome back per row, in input order.
+
+Gym runs in its own venv; this module only speaks HTTP (aiohttp) and never imports ``nemo_gym``.
+
+Routing (what Gym's own collector does, computed once per Gym by :class:`GymRoutes`): each row names its agent
+(``agent_ref`` as ``{"name": ...}`` or a string, or a 0.7 ``task_source`` naming the config instance that declared
+its dataset); the row is POSTed to ``/run`` of the *environment server* that fronts that agent (Gym 0.7 puts an
+auto ``legacy_agent`` relay in front of any agent without one). The environment server's host and port come from
+the head server's ``/global_config_dict_yaml``, with ``/server_instances`` as a fallback.
+
+Failure policy (STYLE.md §5): one retry point (:meth:`RolloutClient._post_with_retries`), retrying connection
+errors only, capped and logged. A timeout or an HTTP error answer is never retried: the rollout may have run
+(and cost minutes), so it becomes a :class:`RolloutFailure` record and the batch goes on. Every input row yields
+exactly one :class:`RolloutOutcome`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Reason codes of RolloutFailure (plus "http_<status>" for any error answer).
+TIMEOUT = "timeout"
+CONNECTION = "connection"
+BAD_JSON = "bad_json"
+UNKNOWN_AGENT = "unknown_agent"
+AMBIGUOUS_AGENT = "ambiguous_agent"
+CLIENT_ERROR = "client_error"
+
+# uvicorn (Gym's servers) closes idle keep-alive connections after 5 s. Reusing one just as the server closes it
+# gives a spurious ServerDisconnectedError, so we drop idle connections a little earlier.
+_KEEPALIVE_S = 4.0
+_DETAIL_CHARS = 600
+
+
+@dataclass(frozen=True)
+class RolloutFailure:
+    """Why one row produced no Gym result.
+
+    ``reason`` is low-cardinality and safe to group by (``timeout``, ``connection``, ``http_<status>``,
+    ``bad_json``, ``unknown_agent``, ``ambiguous_agent``, ``client_error``); ``detail`` is the human-readable
+    occurrence (it names the server, URL and row); ``status`` is the HTTP status when the server answered.
+    """
+
+    reason: str
+    detail: str
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """What became of one input row: exactly one of ``result`` (Gym's ``/run`` JSON) and ``failure`` is set.
+
+    ``index`` is the row's position in the batch; ``agent`` the agent it routed to (None if unroutable);
+    ``server`` the environment server that served ``/run``; ``latency_s`` the wall time from the first send to the
+    last byte (0 for rows never sent); ``attempts`` how many times it was sent (>1 only after connection errors).
+    """
+
+    index: int
+    agent: str | None
+    server: str | None
+    latency_s: float
+    attempts: int
+    result: dict[str, Any] | None = None
+    failure: RolloutFailure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+@dataclass(frozen=True)
+class RolloutClientConfig:
+    """Knobs of the client. ``progress=None`` shows the bar only when stderr is a TTY."""
+
+    max_concurrency: int = 64
+    timeout_s: float = 900.0
+    max_connection_retries: int = 3
+    retry_backoff_s: float = 0.5
+    progress: bool | None = None
+    key_prefix: str = "rollout_client"
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_concurrency": self.max_concurrency >= 1,
+            "timeout_s": self.timeout_s > 0,
+            "max_connection_retries": self.max_connection_retries >= 0,
+            "retry_backoff_s": self.retry_backoff_s >= 0,
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise AdapterConfigError(
+                    f"{self.key_prefix}.{key}={getattr(self, key)!r} is invalid: "
+                    "max_concurrency must be >= 1, timeout_s > 0, the others >= 0"
+                )
+
+
+def apply_overrides(row: Mapping[str, Any], agent: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The request body for one row: a copy with ``agent_ref`` stamped and ``responses_create_params`` overridden.
+
+    The input row is never mutated (verl reuses its rows; the older recipe's in-place edits leaked between
+    steps). ``None`` override values are skipped, so a trainer can pass ``top_p=None`` to mean "row's own".
+    """
+    body = dict(row)
+    params = dict(row.get("responses_create_params") or {})
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            params[key] = value
+    body["responses_create_params"] = params
+    # Gym's collector stamps the resolved agent too, so results carry it whatever the row routed by.
+    body["agent_ref"] = {"name": agent}
+    return body
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where an agent's rows go: the environment server (top-level config instance ``server``) fronting it."""
+
+    server: str
+    base_url: str
+
+    @property
+    def run_url(self) -> str:
+        return f"{self.base_url}/run"
+
+
+class GymRoutes:
+    """Agent name → the environment server serving its ``/run``; built once per Gym, shared by every batch.
+
+    Mirrors Gym 0.7's collector: an environment server fronts every agent its config references (fields whose
+    value has ``type: responses_api_agents``, or ``agent_server`` without a type); a row routed by agent needs
+    exactly one such server. ``task_source`` names the instance that declared the row's dataset: an agent
+    itself, or a resources server whose dataset pins an ``agent:`` or that exactly one agent uses.
+    """
+
+    def __init__(self, servers_by_agent: Mapping[str, Sequence[Route]], task_sources: Mapping[str, str]) -> None:
+        self.servers_by_agent = {agent: tuple(routes) for agent, routes in servers_by_agent.items()}
+        self.task_sources = dict(task_sources)
+
+    @classmethod
+    def from_config(
+        cls,
+        global_config: Mapping[str, Any],
+        server_instances: Sequence[Mapping[str, Any]] = (),
+        head_host: str = "127.0.0.1",
+    ) -> GymRoutes:
+        """Build from Gym's global config dict and (optionally) the head server's ``/server_instances`` list."""
+        instance_urls = {
+            str(inst.get("process_name") or inst.get("config_path")): inst.get("url")
+            for inst in server_instances
+            if isinstance(inst, Mapping) and inst.get("url")
+        }
+        blocks = {str(name): block for name, block in global_config.items() if isinstance(block, Mapping)}
+        servers_by_agent: dict[str, list[Route]] = {}
+        for name, block in blocks.items():
+            for inner in _inner_configs(block, "environment_servers"):
+                route = Route(name, _base_url(name, inner, instance_urls.get(name), head_host))
+                for field_name, ref in inner.items():
+                    is_agent_ref = isinstance(ref, Mapping) and (
+                        ref.get("type") == "responses_api_agents"
+                        or (field_name == "agent_server" and not ref.get("type"))
+                    )
+                    if is_agent_ref and ref.get("name"):
+                        servers_by_agent.setdefault(str(ref["name"]), []).append(route)
+        return cls(servers_by_agent, _task_source_agents(blocks))
+
+    @classmethod
+    def fetch_blocking(cls, head_url: str, timeout_s: float = 30.0) -> GymRoutes:
+        """Ask a running Gym's head server for its config and server instances (two GETs)."""
+        import urllib.parse
+
+        import yaml
+
+        head_url = head_url.rstrip("/")
+        config_payload = json.loads(_get(head_url, "/global_config_dict_yaml", timeout_s))
+        # FastAPI wraps the YAML text in a JSON string; accept a plain mapping too.
+        global_config = yaml.safe_load(config_payload) if isinstance(config_payload, str) else config_payload
+        instances = json.loads(_get(head_url, "/server_instances", timeout_s))
+        if not isinstance(global_config, Mapping) or not isinstance(instances, list):
+            raise GymServerError(f"head server {head_url}: unexpected /global_config_dict_yaml or /server_instances")
+        head_host = urllib.parse.urlsplit(head_url).hostname or "127.0.0.1"
+        return cls.from_config(global_config, instances, head_host)
+
+    @classmethod
+    async def fetch(cls, head_url: str, timeout_s: float = 30.0) -> GymRoutes:
+        """:meth:`fetch_blocking` without blocking the event loop (runs once per Gym, so a thread is fine)."""
+        return await asyncio.to_thread(cls.fetch_blocking, head_url, timeout_s)
+
+    @property
+    def agents(self) -> list[str]:
+        return sorted(self.servers_by_agent)
+
+    def agent_of(self, row: Mapping[str, Any]) -> str | None:
+        """The agent a row routes to: ``agent_ref`` (dict or string) first, else its ``task_source``."""
+        ref = row.get("agent_ref")
+        name = ref.get("name") if isinstance(ref, Mapping) else ref
+        if isinstance(name, str) and name:
+            return name
+        source = row.get("task_source")
+        return self.task_sources.get(source) if isinstance(source, str) else None
+
+    def resolve(self, row: Mapping[str, Any], index: int = -1) -> tuple[str, Route] | RolloutFailure:
+        """``(agent, route)`` for a row, or a failure record saying why it cannot be routed."""
+        agent = self.agent_of(row)
+        if agent is None:
+            how = (
+                f"task_source {row['task_source']!r} resolves to no single agent"
+                if "task_source" in row
+                else ("it has neither agent_ref nor task_source")
+            )
+            return RolloutFailure(UNKNOWN_AGENT, f"row {index}: cannot route: {how} (agents: {self.agents})")
+        routes = self.servers_by_agent.get(agent, ())
+        if not routes:
+            return RolloutFailure(
+                UNKNOWN_AGENT,
+                f"row {index}: agent {agent!r} is not fronted by any environment server of this Gym (agents: {self.agents})",
+            )
+        if len(routes) > 1:
+            names = sorted(r.server for r in routes)
+            return RolloutFailure(
+                AMBIGUOUS_AGENT, f"row {index}: agent {agent!r} is fronted by several servers {names}"
+            )
+        return agent, routes[0]
+
+
+def _inner_configs(block: Mapping[str, Any], server_type: str) -> list[Mapping[str, Any]]:
+    """The implementation configs under ``<instance>.<server_type>.<impl>`` (normally exactly one)."""
+    servers = block.get(server_type)
+    if not isinstance(servers, Mapping):
+        return []
+    return [inner for inner in servers.values() if isinstance(inner, Mapping)]
+
+
+def _base_url(name: str, inner: Mapping[str, Any], instance_url: str | None, head_host: str) -> str:
+    host, port = inner.get("host"), inner.get("port")
+    if port:
+        # A wildcard bind address is not something to connect to: the server is on the head's machine.
+        host = head_host if host in (None, "", "0.0.0.0", "::") else host
+        return f"http://{host}:{port}"
+    if instance_url:
+        return str(instance_url).rstrip("/")
+    raise GymServerError(f"environment server {name!r}: no host/port in the Gym config and no /server_instances url")
+
+
+def _task_source_agents(blocks: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """task_source (declaring instance) → agent, for every instance that resolves to exactly one agent."""
+    uses: dict[str, list[str]] = {}  # resources server → agents that use it
+    for name, block in blocks.items():
+        for inner in _inner_configs(block, "responses_api_agents"):
+            ref = inner.get("resources_server")
+            if isinstance(ref, Mapping) and ref.get("name"):
+                uses.setdefault(str(ref["name"]), []).append(name)
+    resolved: dict[str, str] = {}
+    for name, block in blocks.items():
+        if _inner_configs(block, "responses_api_agents"):
+            resolved[name] = name
+            continue
+        for inner in _inner_configs(block, "resources_servers"):
+            pins = {d["agent"] for d in inner.get("datasets") or [] if isinstance(d, Mapping) and d.get("agent")}
+            candidates = sorted(pins) if pins else uses.get(name, [])
+            if len(candidates) == 1:
+                resolved[name] = str(candidates[0])
+    return resolved
+
+
+def _get(head_url: str, path: str, timeout_s: float) -> bytes:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{head_url}{path}", timeout=timeout_s) as response:
+            return response.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise GymServerError(f"head server {head_url}: GET {path} failed: {e}") from e
+
+
+class _Progress:
+    """A tqdm bar with rollouts/s and per-agent done counts; a no-op when disabled."""
+
+    def __init__(self, total: int, enabled: bool | None, desc: str) -> None:
+        from tqdm.auto import tqdm
+
+        # tqdm's disable=None means "off when not a TTY", which is the default we want.
+        self._bar = tqdm(total=total, desc=desc, unit="rollout", disable=None if enabled is None else not enabled)
+        self._done: Counter[str] = Counter()
+        self._failed = 0
+
+    def update(self, outcome: RolloutOutcome) -> None:
+        self._done[outcome.agent or "?"] += 1
+        self._failed += 0 if outcome.ok else 1
+        parts = [f"{name}={n}" for name, n in sorted(self._done.items())]
+        if self._failed:
+            parts.append(f"failed={self._failed}")
+        self._bar.set_postfix_str(" ".join(parts), refresh=False)
+        self._bar.update(1)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class RolloutClient:
+    """Async client: ``await client.run(rows)`` → one :class:`RolloutOutcome` per row, in input order.
+
+    One shared ``aiohttp.ClientSession`` per client (create it inside the event loop that will use it; use
+    ``async with`` or :meth:`close`). Its connector holds at most ``max_concurrency`` connections.
+    """
+
+    def __init__(self, routes: GymRoutes, config: RolloutClientConfig | None = None) -> None:
+        self.routes = routes
+        self.config = config or RolloutClientConfig()
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    async def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> RolloutClient:
+        """Fetch the routes from a running Gym's head server and return a ready client."""
+        return cls(await GymRoutes.fetch(head_url), config)
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self.config.max_concurrency, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                # We enforce the per-rollout deadline ourselves (it spans retries), so aiohttp's own is off.
+                timeout=aiohttp.ClientTimeout(total=None),
+                # Gym's agents answer with session cookies (simple_agent relays the resources server's). A shared
+                # jar would send one rollout's session to the next; Gym's own client drops them the same way.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"Content-Type": "application/json"},
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    async def __aenter__(self) -> RolloutClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def run(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        overrides: Mapping[str, Any] | None = None,
+        desc: str = "Gym rollouts",
+    ) -> list[RolloutOutcome]:
+        """Run every row through its environment server's ``/run``; never raises for a single row's failure.
+
+        ``overrides`` are applied to each row's ``responses_create_params`` (e.g. ``temperature``, ``top_p``,
+        ``max_output_tokens`` from the trainer's rollout config) on a copy.
+        """
+        session = self._get_session()
+        slots = asyncio.Semaphore(self.config.max_concurrency)
+        progress = _Progress(len(rows), self.config.progress, desc)
+
+        async def one(index: int, row: Mapping[str, Any]) -> RolloutOutcome:
+            outcome = await self._run_one(session, slots, index, row, overrides)
+            progress.update(outcome)
+            return outcome
+
+        try:
+            return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(rows))))
+        finally:
+            progress.close()
+
+    async def _run_one(
+        self,
+        session: aiohttp.ClientSession,
+        slots: asyncio.Semaphore,
+        index: int,
+        row: Mapping[str, Any],
+        overrides: Mapping[str, Any] | None,
+    ) -> RolloutOutcome:
+        resolved = self.routes.resolve(row)
+        if isinstance(resolved, RolloutFailure):
+            logger.warning("row %d not sent: %s", index, resolved.detail)
+            return RolloutOutcome(index, None, None, 0.0, 0, failure=resolved)
+        agent, route = resolved
+        try:
+            payload = json.dumps(apply_overrides(row, agent, overrides)).encode()
+        except (TypeError, ValueError) as e:
+            failure = RolloutFailure(CLIENT_ERROR, f"row {index} for agent {agent!r} is not JSON-serialisable: {e}")
+            return RolloutOutcome(index, agent, route.server, 0.0, 0, failure=failure)
+
+        attempts = [0]
+        async with slots:  # the deadline starts once a slot is ours, not while queued behind other rows
+            t0 = time.monotonic()
+            try:
+                result = await asyncio.wait_for(
+                    self._post_with_retries(session, route, index, payload, attempts), self.config.timeout_s
+                )
+            except asyncio.TimeoutError:
+                result = RolloutFailure(
+                    TIMEOUT,
+                    f"row {index}: no answer from {route.server} ({route.run_url}) within "
+                    f"{self.config.timeout_s:g}s (after {attempts[0]} attempt(s))",
+                )
+            except aiohttp.ClientError as e:  # anything aiohttp raises that is neither transport nor timeout
+                result = RolloutFailure(CLIENT_ERROR, f"row {index}: {route.server} ({route.run_url}): {e!r}")
+            latency = time.monotonic() - t0
+        if isinstance(result, RolloutFailure):
+            return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result)
+        return RolloutOutcome(index, agent, route.server, latency, attempts[0], result=result)
+
+    async def _post_with_retries(
+        self, session: aiohttp.ClientSession, route: Route, index: int, payload: bytes, attempts: list[int]
+    ) -> dict[str, Any] | RolloutFailure:
+        """The one retry point: resend on connection errors only, at most ``max_connection_retries`` times."""
+        cap = self.config.max_connection_retries
+        while True:
+            attempts[0] += 1
+            try:
+                async with session.post(route.run_url, data=payload) as response:
+                    status = response.status
+                    body = await response.read()
+                break
+            except asyncio.TimeoutError:
+                raise  # checked first: aiohttp's ServerTimeoutError is also a ClientConnectionError
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+                # Refused, reset, or the server died mid-answer: no result exists, so resending is safe.
+                if attempts[0] > cap:
+                    return RolloutFailure(
+                        CONNECTION,
+                        f"row {index}: cannot reach {route.server} ({route.run_url}) after {attempts[0]} "
+                        f"attempt(s): {e!r}",
+                    )
+                delay = self.config.retry_backoff_s * 2 ** (attempts[0] - 1)
+                logger.warning(
+                    "row %d: connection error from %s (%s), retry %d/%d in %.1fs: %r",
+                    index, route.server, route.run_url, attempts[0], cap, delay, e,
+                )  # fmt: skip
+                await asyncio.sleep(delay)
+        if status >= 400:
+            text = body[:_DETAIL_CHARS].decode("utf-8", errors="replace")
+            return RolloutFailure(
+                f"http_{status}", f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}", status
+            )
+        try:
+            result = json.loads(body)
+        except ValueError as e:
+            result = e
+        if not isinstance(result, dict):
+            text = body[:200].decode("utf-8", errors="replace")
+            return RolloutFailure(
+                BAD_JSON, f"row {index}: {route.server} answered {status} without a JSON object ({text!r})", status
+            )
+        return result
+
+
+@dataclass
+class BlockingRolloutClient:
+    """Synchronous facade for non-async callers (verl's ``generate_sequences`` is sync).
+
+    Owns a dedicated event loop in a daemon thread, so it works whether or not the calling thread already runs
+    a loop (Ray actors, Jupyter). Calls from that loop's own thread would deadlock and are refused.
+    """
+
+    routes: GymRoutes
+    config: RolloutClientConfig = field(default_factory=RolloutClientConfig)
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gym-rollout-client", daemon=True)
+        self._thread.start()
+        self._client = RolloutClient(self.routes, self.config)
+        self._closed = False
+
+    @classmethod
+    def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> BlockingRolloutClient:
+        """Fetch the routes from a running Gym's head server (blocking) and return a ready client."""
+        return cls(GymRoutes.fetch_blocking(head_url), config or RolloutClientConfig())
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise AdapterError("BlockingRolloutClient is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise AdapterError("BlockingRolloutClient called from its own event-loop thread; use RolloutClient")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt: stop the in-flight requests too
+            raise
+
+    def run(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        overrides: Mapping[str, Any] | None = None,
+        desc: str = "Gym rollouts",
+    ) -> list[RolloutOutcome]:
+        """Blocking :meth:`RolloutClient.run`."""
+        return self._call(self._client.run(rows, overrides=overrides, desc=desc))
+
+    def close(self) -> None:
+        """Close the HTTP session and stop the loop thread. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self._call(self._client.close())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    def __enter__(self) -> BlockingRolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "AMBIGUOUS_AGENT",
+    "BAD_JSON",
+    "BlockingRolloutClient",
+    "CLIENT_ERROR",
+    "CONNECTION",
+    "GymRoutes",
+    "Route",
+    "RolloutClient",
+    "RolloutClientConfig",
+    "RolloutFailure",
+    "RolloutOutcome",
+    "TIMEOUT",
+    "UNKNOWN_AGENT",
+    "apply_overrides",
+]
