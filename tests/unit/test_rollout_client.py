@@ -309,7 +309,10 @@ def test_routes_from_gym_config():
     ambiguous = routes.resolve({"agent_ref": "twice"}, index=7)
     assert ambiguous.reason == "ambiguous_agent" and "env_1" in ambiguous.detail and "row 7" in ambiguous.detail
     assert routes.resolve({"task_source": "policy_model"}).reason == "unknown_agent"
-    assert sorted(r.base_url for r in routes.servers_by_agent["twice"]) == ["http://10.0.0.5:9006", "http://10.0.0.7:9007"]
+    assert sorted(r.base_url for r in routes.servers_by_agent["twice"]) == [
+        "http://10.0.0.5:9006",
+        "http://10.0.0.7:9007",
+    ]
 
 
 def test_route_without_address_names_the_server():
@@ -360,7 +363,9 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 
 @given(
     params=st.dictionaries(st.text(max_size=5), json_values, max_size=4),
-    overrides=st.dictionaries(st.sampled_from(["temperature", "top_p", "max_output_tokens"]), st.none() | st.floats(0, 2)),
+    overrides=st.dictionaries(
+        st.sampled_from(["temperature", "top_p", "max_output_tokens"]), st.none() | st.floats(0, 2)
+    ),
 )
 def test_apply_overrides_never_mutates_and_skips_none(params, overrides):
     row = {"responses_create_params": params, "task_source": "x"}
