@@ -41,8 +41,9 @@ from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.testing import tiny_model_templates as T
 
 FAMILIES = ("qwen25", "qwen3", "llama3")
-# Bump whenever anything that changes the produced bytes changes: stale cached builds are then rebuilt.
-BUILDER_VERSION = 1
+# Bump on any intentional change of the produced models. Cached builds are also rebuilt automatically when
+# this module, the templates module or a library that writes the files changes (see ``recipe_fingerprint``).
+BUILDER_VERSION = 2
 STAMP_NAME = "tiny_model_stamp.json"
 
 BASE_VOCAB_SIZE = 3000  # BPE target before special tokens; the model's vocab is padded to a multiple of 64
@@ -325,13 +326,35 @@ def file_hashes(model_dir: Path) -> dict[str, str]:
     return out
 
 
+def recipe_fingerprint() -> str:
+    """sha256 of everything that determines the bytes of a build: this code, the templates, library versions.
+
+    Cheap (no heavy imports), so the cached path stays fast; editing the builder invalidates every cache.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    h = hashlib.sha256(str(BUILDER_VERSION).encode())
+    for module_file in (Path(__file__), Path(T.__file__)):
+        h.update(module_file.read_bytes())
+    for dist in ("tokenizers", "transformers", "torch", "safetensors"):
+        try:
+            h.update(f"{dist}=={version(dist)}".encode())
+        except PackageNotFoundError:
+            h.update(f"{dist}==?".encode())
+    return h.hexdigest()
+
+
 def is_complete(model_dir: Path, family: str) -> bool:
-    """True when ``model_dir`` holds a finished build of ``family`` by this ``BUILDER_VERSION``."""
+    """True when ``model_dir`` holds a finished build of ``family`` made by the current builder."""
     try:
         stamp = json.loads((model_dir / STAMP_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return stamp.get("builder_version") == BUILDER_VERSION and stamp.get("family") == family
+    return (
+        stamp.get("builder_version") == BUILDER_VERSION
+        and stamp.get("family") == family
+        and stamp.get("recipe") == recipe_fingerprint()
+    )
 
 
 def build_tiny_model(family: str, root: Path | None = None) -> Path:
@@ -351,7 +374,12 @@ def build_tiny_model(family: str, root: Path | None = None) -> Path:
         tok = _train_tokenizer(spec)
         _write_tokenizer(tmp, spec, tok)
         _write_model(tmp, spec, tok)
-        stamp = {"builder_version": BUILDER_VERSION, "family": family, "files": file_hashes(tmp)}
+        stamp = {
+            "builder_version": BUILDER_VERSION,
+            "family": family,
+            "recipe": recipe_fingerprint(),
+            "files": file_hashes(tmp),
+        }
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         # mkdtemp makes the directory 0700 and safetensors writes 0600; other users' services may read it.
         os.chmod(tmp, 0o755)
