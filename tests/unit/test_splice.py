@@ -309,3 +309,216 @@ def test_only_the_template_stop_ids_count_as_turn_ends():
     assert splice_prompt(found[1], prefix, full, only_end) == prompt + generation + [END, NL, *TAIL]
     with pytest.raises(TokenAlignmentError):
         splice_prompt(found[1], prefix, full, TEMPLATE)  # with EOS a stop id, the model prefix has a turn too many
+
+
+# =====================================================================================================================
+# Real chat templates: the three tiny-model families, rendered exactly as vLLM renders a chat request.
+
+FAMILIES = ("qwen25", "qwen3", "llama3")
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+# The keys vLLM's chat parser hands to the template (token ids and log probs never reach it).
+_TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning", "reasoning_content")
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers():
+    """family -> (tokenizer, TurnTemplate with the generation-config stop ids, terminator text)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from nemo_gym_adapter.splice import turn_template_from_tokenizer
+    from nemo_gym_adapter.testing.tiny_models import build_tiny_model
+
+    out = {}
+    for family in FAMILIES:
+        path = build_tiny_model(family)
+        tok = AutoTokenizer.from_pretrained(path)
+        eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
+        template = turn_template_from_tokenizer(tok, eos if isinstance(eos, list) else [eos])
+        out[family] = (tok, template, tok.convert_ids_to_tokens(template.terminator_id))
+    return out
+
+
+def for_template(messages: list[dict]) -> list[dict]:
+    """What vLLM passes to the chat template: known keys only, tool-call arguments parsed from JSON."""
+    import json
+
+    out = []
+    for m in messages:
+        view = {k: m[k] for k in _TEMPLATE_KEYS if k in m}
+        if view.get("tool_calls"):
+            view["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+                for c in view["tool_calls"]
+            ]
+        out.append(view)
+    return out
+
+
+def render_text(tok, messages: list[dict], add_generation_prompt: bool) -> str:
+    return tok.apply_chat_template(
+        for_template(messages), tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def encode(tok, text: str) -> list[int]:
+    # vLLM tokenizes chat prompts without adding special tokens: the template writes them.
+    return tok.encode(text, add_special_tokens=False)
+
+
+def pieces(tok, text: str) -> list[int]:
+    """``text`` spelled one character at a time: what a model may sample where the tokenizer writes one token."""
+    return [i for ch in text for i in encode(tok, ch)]
+
+
+def hook(tok, template: TurnTemplate, messages: list[dict]) -> list[int]:
+    """What the vLLM patch computes for a request, built from this module's functions."""
+    found = last_tokenized_assistant(messages)
+    full = encode(tok, render_text(tok, messages, True))
+    if found is None:
+        return full
+    k, model_prefix = found
+    prefix = encode(tok, render_text(tok, messages_through(messages, k), False))
+    return splice_prompt(model_prefix, prefix, full, template)
+
+
+def gym_assistant(prompt, generation, content, call=None, reasoning=None) -> dict:
+    """The assistant message NeMo Gym sends back next turn (vllm_model with return_token_id_information)."""
+    import json
+
+    message: dict = {"role": "assistant", "content": content}
+    if call:
+        name, args = call
+        message["tool_calls"] = [
+            {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+        ]
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning  # Gym's default reasoning_field "both"
+    message.update(
+        prompt_token_ids=prompt, generation_token_ids=generation, generation_log_probs=[-1.0] * len(generation)
+    )
+    return message
+
+
+def expected_after(tok, messages: list[dict], anchor: str, terminator: str) -> list[int]:
+    """Independent oracle of the rendered tail: the text after the first terminator that follows ``anchor`` (unique
+    text of the last tokenized assistant turn) in the full render, re-encoded on its own (tokenizers split at
+    special tokens, so the boundary is clean)."""
+    text = render_text(tok, messages, True)
+    at = text.index(terminator, text.rindex(anchor))
+    return encode(tok, text[at + len(terminator) :])
+
+
+def tool_call_generation(tok, family: str) -> tuple[list[int], str | None, str | None]:
+    """Turn 1 as the model sampled it: (ids, content Gym sends back, reasoning). Deliberately not the template's
+    encoding: "Skinny" in pieces, ``<tool_call>`` in plain pieces, compact JSON, a think block for Qwen3."""
+    if family == "llama3":
+        # Llama's JSON tool call: the parser returns no content; the template re-serialises the arguments.
+        return pieces(tok, '{"name"') + encode(tok, ': "get_weather", "parameters": {"city":"Paris"}}'), None, None
+    ids = pieces(tok, "Skinny") + encode(tok, " check.\n") + pieces(tok, "<tool_call>")
+    ids += encode(tok, '\n{"name": "get_weather", "arguments": {"city":"Paris"}}\n</tool_call>')
+    reasoning = None
+    if family == "qwen3":
+        reasoning = "The user wants the weather."
+        ids = encode(tok, f"<think>\n{reasoning}\n</think>\n\n") + ids
+    return ids, "Skinny check.", reasoning
+
+
+@pytest.mark.parametrize(
+    ("family", "terminator", "eos"),
+    [
+        ("qwen25", "<|im_end|>", "<|im_end|>"),
+        ("qwen3", "<|im_end|>", "<|im_end|>"),
+        ("llama3", "<|eot_id|>", "<|end_of_text|>"),
+    ],
+)
+def test_turn_template_from_tokenizer_finds_the_template_terminator(family_tokenizers, family, terminator, eos):
+    tok, template, _ = family_tokenizers[family]
+    assert tok.convert_ids_to_tokens(template.terminator_id) == terminator
+    assert tok.eos_token == eos
+    assert tok.eos_token_id in template.stop_ids  # the tokenizer EOS always ends a generation
+    other = "<|endoftext|>" if family != "llama3" else "<|end_of_text|>"
+    assert tok.convert_tokens_to_ids(other) in template.stop_ids  # generation-config EOS ids passed as extras
+
+
+def test_turn_template_from_tokenizer_uses_an_explicit_chat_template(family_tokenizers):
+    from nemo_gym_adapter.splice import turn_template_from_tokenizer
+
+    tok, _, _ = family_tokenizers["llama3"]
+    chatml = "{% for m in messages %}<|start_header_id|>{{ m.content }}<|end_of_text|>{% endfor %}"
+    assert turn_template_from_tokenizer(tok, chat_template=chatml).terminator_id == tok.eos_token_id
+    with pytest.raises(TokenAlignmentError, match="no added/special token after the assistant content"):
+        turn_template_from_tokenizer(tok, chat_template="{% for m in messages %}{{ m.content }}\n{% endfor %}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multi_turn_tool_conversation_stays_token_exact(family_tokenizers, family):
+    """Four requests of a tool-calling rollout: each spliced prompt starts with every earlier prompt+generation,
+    while the naive re-render (the control) does not. Turn 1 ends with the terminator after a tool call, turn 2
+    with the other EOS (<|endoftext|> / <|end_of_text|>), turn 3 is cut by length."""
+    tok, template, term = family_tokenizers[family]
+    other_eos = tok.convert_tokens_to_ids("<|endoftext|>" if family != "llama3" else "<|end_of_text|>")
+    assert other_eos != template.terminator_id
+    m = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Weather in Paris? Skinny."}]
+    p1 = hook(tok, template, m)
+    assert p1 == encode(tok, render_text(tok, m, True))  # first turn: no ids anywhere, nothing spliced
+
+    g1, content1, reasoning1 = tool_call_generation(tok, family)
+    g1 = [*g1, template.terminator_id]
+    m += [gym_assistant(p1, g1, content1, ("get_weather", {"city": "Paris"}), reasoning1)]
+    m += [{"role": "tool", "tool_call_id": "call_0", "content": "sunny, 21 C"}]
+    p2 = hook(tok, template, m)
+    naive = encode(tok, render_text(tok, m, True))
+    assert naive[: len(p1 + g1)] != p1 + g1  # the control: vLLM's own render is off-policy
+    assert p2 == p1 + g1 + expected_after(tok, m, "get_weather", term)
+
+    g2 = pieces(tok, "It is") + encode(tok, " sunny.") + [other_eos]
+    m += [gym_assistant(p2, g2, "It is sunny."), {"role": "user", "content": "Thanks! And tomorrow?"}]
+    p3 = hook(tok, template, m)
+    assert p3 == p2 + g2 + expected_after(tok, m, "It is sunny.", term)  # the model's EOS is kept, not replaced
+    if family == "qwen3":
+        # The new user query strips turn 1's reasoning from the full render but not from the prefix render, so a
+        # position-based splice (cut the full render where the prefix render's last terminator sits) goes wrong.
+        reasoning = "The user wants the weather."
+        assert reasoning in render_text(tok, m[:5], False) and reasoning not in render_text(tok, m, True)
+        prefix, full = encode(tok, render_text(tok, m[:5], False)), encode(tok, render_text(tok, m, True))
+        by_position = p2 + g2 + full[len(prefix) - prefix[::-1].index(template.terminator_id) :]
+        assert by_position != p3
+
+    g3 = encode(tok, "Tomorrow") + pieces(tok, " it will")  # max_tokens reached: no stop id
+    m += [gym_assistant(p3, g3, "Tomorrow it will"), {"role": "user", "content": "ok"}]
+    p4 = hook(tok, template, m)
+    assert p4 == p3 + g3 + [template.terminator_id] + expected_after(tok, m, "Tomorrow it will", term)
+    for prompt, generation in ((p1, g1), (p2, g2), (p3, g3)):
+        assert p4[: len(prompt + generation)] == prompt + generation
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_real_template_edited_history_is_detected(family_tokenizers, family):
+    tok, template, _ = family_tokenizers[family]
+    m = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Weather in Paris?"}]
+    p1 = hook(tok, template, m)
+    g1, content1, reasoning1 = tool_call_generation(tok, family)
+    g1 = [*g1, template.terminator_id]
+    m += [gym_assistant(p1, g1, content1, ("get_weather", {"city": "Paris"}), reasoning1)]
+    m += [{"role": "tool", "tool_call_id": "call_0", "content": "sunny"}]
+    p2 = hook(tok, template, m)
+    m += [gym_assistant(p2, encode(tok, "Sunny.") + [template.terminator_id], "Sunny.")]
+    m += [{"role": "user", "content": "And Tokyo?"}]
+    assert hook(tok, template, m)  # untouched history splices fine
+
+    removed = [m[0], m[1], m[4], m[5]]  # the tool round trip dropped from the history
+    summarised = [m[0], {"role": "user", "content": "Summary: asked for Paris weather, it is sunny."}, m[4], m[5]]
+    for edited in (removed, summarised):
+        with pytest.raises(TokenAlignmentError, match="model prefix has 5 turns .* has 3"):
+            hook(tok, template, edited)
