@@ -1,0 +1,491 @@
+"""Gym ``/run`` results → token trajectories → verl's padded legacy batch. Pure: no I/O, inputs never modified.
+
+One row (:func:`build_trajectory`): the model calls of ``response.output`` (items carrying token ids) must be
+*contiguous*: the prompt of call k+1 starts with prompt_k + generation_k exactly. Then
+
+* prompt ids = call 0's prompt;
+* response ids = everything after it up to the end of the last generation (generated tokens plus the
+  tool/env/template tokens between calls), i.e. ``(prompt_last + generation_last)[len(prompt_0):]``;
+* sampled spans ``[start, end)`` (response coordinates) = where the model sampled; response mask is 1 exactly
+  there and rollout logprobs are the generation logprobs there, 0 elsewhere;
+* response budget = ``max(0, min(response_length, max_model_len - len(prompt)))``; a longer response is cut at
+  the end of the last generation that fits (a turn boundary), or mid-generation when not even the first fits;
+  the trajectory is flagged ``truncated`` and keeps its reward.
+
+Masked samples (never dropped; reward 0; ``masked_reason`` says why; see :class:`MaskReason`): Gym's
+``mask_sample``; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
+``mask_sample`` and e.g. ``nemo_user_sim`` names a kind on valid zero-reward samples); client failures (timeout,
+request failed, unroutable); unparseable results; context overflow (a model call without ids plus
+``incomplete_details``); model calls without ids; no model call; non-contiguous history (policy "mask");
+prompt longer than ``prompt_length`` or leaving no response budget; no sampled token at all.
+
+What a masked row looks like in the batch (chosen so it gives exactly zero gradient and is identifiable from the
+tensors a verl advantage estimator receives): its prompt is kept when known and fitting (else one pad token); its
+response is ONE pad token with attention 1, ``response_mask`` 0, logprob 0, ``rm_scores`` 0. So
+``response_mask.sum(-1) == 0`` ⇔ masked (every unmasked row has ≥ 1 sampled token) and no row has an empty
+response (verl places ``rm_scores`` at ``response_length - 1``, which would wrap to -1 on an empty row).
+
+Batch (:func:`pad_trajectories`) follows verl 0.9.1 ``AgentLoopWorker._agent_loop_postprocess``/``_postprocess``:
+``prompts`` left-padded to ``prompt_length``; ``responses``/``response_mask``/``rollout_log_probs``
+right-padded to ``response_length``; ``input_ids``/``attention_mask`` their concatenation; ``position_ids`` =
+``compute_position_id_with_mask(attention_mask)``; ``rm_scores`` = reward on the last valid response token.
+Non-tensors: ``__num_turns__`` plus ``gym_*`` per-row info and ``multi_modal_inputs`` (the legacy trainer iterates
+that key unconditionally). Vectorised: one numpy concatenation per field, then masked scatters; work per row is
+O(1) Python calls, never a per-token loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
+from nemo_gym_adapter.wire import GymRunResult, OutputItem, parse_run_result
+
+ContiguityPolicy = Literal["mask", "truncate", "raise"]
+
+
+class MaskReason(str, enum.Enum):
+    """Why a sample is masked (low cardinality: safe as a metric key)."""
+
+    MASK_SAMPLE = "mask_sample"  # the environment said its reward is not a valid measurement
+    FAILURE_KIND = "failure_kind"  # Gym named a failure_kind (only with mask_on_failure_kind=True)
+    TIMEOUT = "timeout"  # the client gave up waiting for /run
+    REQUEST_FAILED = "request_failed"  # connection error, HTTP error answer, undecodable body, client error
+    UNROUTABLE = "unroutable"  # the row names no agent the running Gym serves
+    INVALID_RESULT = "invalid_result"  # /run answered with something that is not a valid result
+    CONTEXT_OVERFLOW = "context_overflow"  # vLLM refused the prompt: a call without ids + incomplete_details
+    MISSING_TOKEN_IDS = "missing_token_ids"  # a model call without ids (model server not in training mode?)
+    NO_MODEL_CALL = "no_model_call"  # the trajectory contains no model call at all
+    NON_CONTIGUOUS = "non_contiguous"  # a prompt does not extend the previous prompt + generation
+    PROMPT_TOO_LONG = "prompt_too_long"  # prompt > prompt_length, or no response budget left under max_model_len
+    EMPTY_GENERATION = "empty_generation"  # no sampled token to train on
+
+
+# The rollout client's RolloutFailure.reason codes that are not plain request failures.
+_CLIENT_REASONS = {"timeout": MaskReason.TIMEOUT, "unknown_agent": MaskReason.UNROUTABLE}
+_CLIENT_REASONS["ambiguous_agent"] = MaskReason.UNROUTABLE
+
+
+class FailureRecord(Protocol):
+    """What the rollout client reports for a row without a result (``rollout_client.RolloutFailure``)."""
+
+    @property
+    def reason(self) -> str: ...  # "timeout", "connection", "http_<status>", "bad_json", "unknown_agent", ...
+
+    @property
+    def detail(self) -> str: ...
+
+
+class OutcomeLike(Protocol):
+    """One row's outcome from the rollout client (``rollout_client.RolloutOutcome``)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def latency_s(self) -> float: ...
+
+    @property
+    def result(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def failure(self) -> FailureRecord | None: ...
+
+
+@dataclass(frozen=True)
+class TrajectoryConfig:
+    """``prompt_length``/``response_length``/``max_model_len`` as in ``actor_rollout_ref.rollout``."""
+
+    prompt_length: int
+    response_length: int
+    max_model_len: int | None = None
+    contiguity: ContiguityPolicy = "mask"
+    mask_on_failure_kind: bool = False
+    key_prefix: str = "trajectory"
+
+    def __post_init__(self) -> None:
+        bad = []
+        if self.prompt_length < 1:
+            bad.append(f"prompt_length={self.prompt_length!r} (must be >= 1)")
+        if self.response_length < 1:
+            bad.append(f"response_length={self.response_length!r} (must be >= 1)")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            bad.append(f"max_model_len={self.max_model_len!r} (must be >= 2 or null)")
+        if self.contiguity not in ("mask", "truncate", "raise"):
+            bad.append(f"contiguity={self.contiguity!r} (must be 'mask', 'truncate' or 'raise')")
+        if bad:
+            raise AdapterConfigError("; ".join(f"{self.key_prefix}.{b}" for b in bad))
+
+
+def _frozen(values: Sequence[Any] | np.ndarray, dtype: Any) -> np.ndarray:
+    arr = np.array(values, dtype=dtype)
+    arr.flags.writeable = False
+    return arr
+
+
+_NO_IDS = _frozen([], np.int64)
+_NO_LOGPROBS = _frozen([], np.float32)
+
+
+@dataclass(frozen=True, eq=False)  # eq on numpy arrays is ambiguous; compare fields explicitly
+class Trajectory:
+    """One row's token trajectory (arrays are read-only).
+
+    ``sampled_logprobs`` holds the logprobs of the sampled tokens only, concatenated in span order
+    (``len == num_generated``). ``reward`` is what training sees (0 when masked); ``gym_reward`` what Gym reported.
+    """
+
+    env_name: str
+    prompt_ids: np.ndarray = field(default_factory=lambda: _NO_IDS)
+    response_ids: np.ndarray = field(default_factory=lambda: _NO_IDS)
+    sampled_spans: tuple[tuple[int, int], ...] = ()
+    sampled_logprobs: np.ndarray = field(default_factory=lambda: _NO_LOGPROBS)
+    reward: float = 0.0
+    gym_reward: float | None = None
+    num_turns: int = 0
+    masked_reason: MaskReason | None = None
+    detail: str = ""
+    truncated: bool = False
+    contiguity_failure: bool = False
+    failure_kind: str | None = None
+    latency_s: float | None = None
+    row_index: int | None = None
+
+    @property
+    def masked(self) -> bool:
+        return self.masked_reason is not None
+
+    @property
+    def num_generated(self) -> int:
+        return sum(end - start for start, end in self.sampled_spans)
+
+    def response_mask(self) -> np.ndarray:
+        """Dense 0/1 mask over ``response_ids`` (built per span, for inspection and tests)."""
+        mask = np.zeros(len(self.response_ids), dtype=np.int64)
+        for start, end in self.sampled_spans:
+            mask[start:end] = 1
+        return mask
+
+    def rollout_log_probs(self) -> np.ndarray:
+        """Dense logprobs over ``response_ids``: generation logprobs where sampled, 0 elsewhere."""
+        dense = np.zeros(len(self.response_ids), dtype=np.float32)
+        dense[self.response_mask().astype(bool)] = self.sampled_logprobs
+        return dense
+
+
+def _where(row_index: int | None) -> str:
+    return f"row {row_index}" if row_index is not None else "row"
+
+
+def failed_trajectory(
+    failure: FailureRecord, *, env_name: str, row_index: int | None = None, latency_s: float | None = None
+) -> Trajectory:
+    """The masked trajectory of a row the rollout client could not get a result for."""
+    reason = _CLIENT_REASONS.get(failure.reason, MaskReason.REQUEST_FAILED)
+    return Trajectory(
+        env_name=env_name,
+        masked_reason=reason,
+        detail=f"{failure.reason}: {failure.detail}",
+        failure_kind=f"client:{failure.reason}",
+        latency_s=latency_s,
+        row_index=row_index,
+    )
+
+
+def _calls_without_ids(output: Sequence[OutputItem]) -> list[int]:
+    """Output indices ending a model call that carries no token ids.
+
+    Ids sit on the *last* item of each call, so model items after the last id item, or followed by a non-model
+    item (a tool output, a user message) before any id item, belong to a call without ids.
+    """
+    missing, pending = [], None
+    for i, item in enumerate(output):
+        if item.has_token_ids:
+            pending = None
+        elif item.is_model_output:
+            pending = i
+        elif pending is not None:
+            missing.append(pending)
+            pending = None
+    if pending is not None:
+        missing.append(pending)
+    return missing
+
+
+def _first_mismatch(actual: Sequence[int], expected: Sequence[int]) -> int:
+    """First index where ``actual`` does not continue ``expected`` (``len(actual)`` if it is too short)."""
+    n = min(len(actual), len(expected))
+    diff = np.flatnonzero(np.asarray(actual[:n], dtype=np.int64) != np.asarray(expected[:n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
+
+
+def _contiguous_prefix(calls: list[tuple[int, OutputItem]], where: str) -> tuple[int, str]:
+    """How many leading calls form a contiguous history, and the first break described ("" when none)."""
+    for k in range(1, len(calls)):
+        (i_prev, prev), (i_cur, cur) = calls[k - 1], calls[k]
+        p_prev, g_prev, p_cur = prev.prompt_token_ids, prev.generation_token_ids, cur.prompt_token_ids
+        need = len(p_prev) + len(g_prev)
+        # List slices compare in C; no per-token Python loop on the hot path.
+        if len(p_cur) >= need and p_cur[: len(p_prev)] == p_prev and p_cur[len(p_prev) : need] == g_prev:
+            continue
+        expected = p_prev + g_prev
+        j = _first_mismatch(p_cur, expected)
+        got = p_cur[j : j + 4] if j < len(p_cur) else "<end of prompt>"
+        return k, (
+            f"{where}: model call {k} is not contiguous: response.output[{i_cur}].prompt_token_ids[{j}:] = {got} "
+            f"but call {k - 1} (response.output[{i_prev}]) prompt+generation has {expected[j : j + 4]} there "
+            f"(expected the {need} tokens of prompt_{k - 1} + generation_{k - 1} as prefix; prompt_{k} has "
+            f"{len(p_cur)} tokens)"
+        )
+    return len(calls), ""
+
+
+def build_trajectory(
+    result: GymRunResult,
+    *,
+    env_name: str,
+    config: TrajectoryConfig,
+    row_index: int | None = None,
+    latency_s: float | None = None,
+) -> Trajectory:
+    """One parsed ``/run`` result → its :class:`Trajectory` (masked when unusable; see the module docstring).
+
+    Raises:
+        TokenAlignmentError: only with ``config.contiguity == "raise"`` and a non-contiguous history; the message
+            names the row, the JSON path of the offending prompt, the first differing position, expected vs actual.
+    """
+    where = _where(row_index)
+    output = result.response.output
+    calls = result.model_calls()
+    common = dict(
+        env_name=env_name,
+        gym_reward=result.reward,
+        failure_kind=result.failure_kind,
+        latency_s=latency_s,
+        row_index=row_index,
+        num_turns=len(calls),
+    )
+    first_prompt = calls[0][1].prompt_token_ids if calls else []
+    # A masked row keeps its real prompt when it fits (useful in logs), else it gets one pad token at padding.
+    kept_prompt = _frozen(first_prompt, np.int64) if 0 < len(first_prompt) <= config.prompt_length else _NO_IDS
+
+    def masked(reason: MaskReason, detail: str, **extra: Any) -> Trajectory:
+        return Trajectory(prompt_ids=kept_prompt, masked_reason=reason, detail=detail, **{**common, **extra})
+
+    gym_says = ": ".join(x for x in (result.failure_kind, result.failure_reason) if x)
+    if result.mask_sample:
+        return masked(MaskReason.MASK_SAMPLE, f"{where}: Gym set mask_sample" + (f" ({gym_says})" if gym_says else ""))
+    if config.mask_on_failure_kind and result.failure_kind:
+        return masked(MaskReason.FAILURE_KIND, f"{where}: Gym named failure_kind ({gym_says})")
+    missing = _calls_without_ids(output)
+    if missing:
+        incomplete = result.response.incomplete_details
+        if incomplete is not None and missing[-1] == max(i for i, it in enumerate(output) if it.is_model_output):
+            return masked(
+                MaskReason.CONTEXT_OVERFLOW,
+                f"{where}: last model call (response.output[{missing[-1]}]) has no token ids and "
+                f"incomplete_details.reason={incomplete.reason!r}",
+            )
+        return masked(
+            MaskReason.MISSING_TOKEN_IDS,
+            f"{where}: model call(s) ending at response.output{missing} carry no token ids (is the Gym model "
+            "server configured for training, return_token_id_information: true?)",
+        )
+    if not calls:
+        return masked(MaskReason.NO_MODEL_CALL, f"{where}: response.output has no model call ({len(output)} items)")
+    if len(first_prompt) > config.prompt_length:
+        return masked(
+            MaskReason.PROMPT_TOO_LONG,
+            f"{where}: prompt has {len(first_prompt)} tokens > prompt_length {config.prompt_length}",
+        )
+    budget = config.response_length
+    if config.max_model_len is not None:
+        budget = max(0, min(budget, config.max_model_len - len(first_prompt)))
+    if budget == 0:
+        return masked(
+            MaskReason.PROMPT_TOO_LONG,
+            f"{where}: prompt has {len(first_prompt)} tokens, leaving no room under max_model_len "
+            f"{config.max_model_len}",
+        )
+
+    n_ok, break_detail = _contiguous_prefix(calls, where)
+    truncated = n_ok < len(calls)
+    if truncated:
+        if config.contiguity == "raise":
+            raise TokenAlignmentError(break_detail)
+        if config.contiguity == "mask":
+            return masked(MaskReason.NON_CONTIGUOUS, break_detail, contiguity_failure=True)
+    kept = [item for _, item in calls[:n_ok]]
+
+    # Spans of the sampled tokens, in response coordinates (response starts right after prompt_0).
+    base = len(first_prompt)
+    spans = [
+        (len(c.prompt_token_ids) - base, len(c.prompt_token_ids) - base + len(c.generation_token_ids)) for c in kept
+    ]
+    end = spans[-1][1]
+    if end > budget:
+        fit = [k for k, (_, e) in enumerate(spans) if e <= budget]
+        if fit:  # cut at the end of the last generation that fits: a turn boundary
+            spans, end = spans[: fit[-1] + 1], spans[fit[-1]][1]
+        else:  # not even the first generation fits: cut inside it
+            spans, end = [(0, budget)], budget
+        kept = kept[: len(spans)]
+        truncated = True
+    n_sampled = sum(e - s for s, e in spans)
+    if n_sampled == 0:
+        return masked(MaskReason.EMPTY_GENERATION, f"{where}: the model calls sampled no tokens")
+
+    last = kept[-1]
+    response = (last.prompt_token_ids[base:] + last.generation_token_ids)[:end]
+    logprobs = list(itertools.chain.from_iterable(c.generation_log_probs for c in kept))[:n_sampled]
+    return Trajectory(
+        prompt_ids=_frozen(first_prompt, np.int64),
+        response_ids=_frozen(response, np.int64),
+        sampled_spans=tuple(spans),
+        sampled_logprobs=_frozen(logprobs, np.float32),
+        reward=float(result.reward),
+        truncated=truncated,
+        contiguity_failure=n_ok < len(calls),
+        detail=break_detail,
+        **{**common, "num_turns": len(kept)},
+    )
+
+
+def trajectory_from_outcome(outcome: OutcomeLike, *, env_name: str, config: TrajectoryConfig) -> Trajectory:
+    """The rollout client's outcome for one row → its trajectory; the ``/run`` JSON is parsed here, once."""
+    latency = outcome.latency_s
+    if outcome.failure is not None:
+        return failed_trajectory(outcome.failure, env_name=env_name, row_index=outcome.index, latency_s=latency)
+    if outcome.result is None:
+        raise AdapterError(f"row {outcome.index}: rollout outcome has neither a result nor a failure")
+    try:
+        result = parse_run_result(outcome.result, where=f"row {outcome.index}: /run result")
+    except GymServerError as e:
+        return Trajectory(
+            env_name=env_name,
+            masked_reason=MaskReason.INVALID_RESULT,
+            detail=str(e),
+            failure_kind="client:invalid_result",
+            latency_s=latency,
+            row_index=outcome.index,
+        )
+    return build_trajectory(result, env_name=env_name, config=config, row_index=outcome.index, latency_s=latency)
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """verl's legacy output batch: ``tensors`` for ``TensorDict``/``DataProto.batch``, ``non_tensors`` for
+    ``DataProto.non_tensor_batch`` (numpy arrays of length ``B``)."""
+
+    tensors: dict[str, Any]
+    non_tensors: dict[str, np.ndarray]
+
+
+def pad_trajectories(
+    trajectories: Sequence[Trajectory], *, prompt_length: int, response_length: int, pad_token_id: int
+) -> PaddedBatch:
+    """Pad trajectories into verl's legacy batch (shapes in the module docstring; ``B = len(trajectories)``).
+
+    Tensors: ``prompts`` (B, P) long, left-padded; ``responses``, ``response_mask`` (long),
+    ``rollout_log_probs`` (float32), ``rm_scores`` (float32) (B, R), right-padded; ``input_ids``,
+    ``attention_mask``, ``position_ids`` (B, P + R) long. Token-less rows get one ``pad_token_id`` token.
+
+    Raises:
+        ValueError: empty batch, or a trajectory longer than ``prompt_length``/``response_length`` (build
+            trajectories with the same lengths); the message names the row.
+    """
+    import torch
+
+    B, P, R = len(trajectories), prompt_length, response_length
+    if B == 0:
+        raise ValueError("pad_trajectories: empty batch")
+    pad = np.array([pad_token_id], dtype=np.int64)
+    prompts_np = [t.prompt_ids if len(t.prompt_ids) else pad for t in trajectories]
+    responses_np = [t.response_ids if len(t.response_ids) else pad for t in trajectories]
+    p_lens = np.fromiter(map(len, prompts_np), dtype=np.int64, count=B)
+    r_lens = np.fromiter(map(len, responses_np), dtype=np.int64, count=B)
+    for name, lens, limit in (("prompt", p_lens, P), ("response", r_lens, R)):
+        over = np.flatnonzero(lens > limit)
+        if over.size:
+            i = int(over[0])
+            raise ValueError(f"pad_trajectories: row {i} has a {name} of {lens[i]} tokens > {name}_length {limit}")
+
+    p_len_t, r_len_t = torch.from_numpy(p_lens), torch.from_numpy(r_lens)
+    p_valid = torch.arange(P).unsqueeze(0) >= (P - p_len_t).unsqueeze(1)  # left padding
+    r_valid = torch.arange(R).unsqueeze(0) < r_len_t.unsqueeze(1)  # right padding
+    prompts = torch.full((B, P), pad_token_id, dtype=torch.long)
+    prompts[p_valid] = torch.from_numpy(np.concatenate(prompts_np))  # row-major order = concatenation order
+    responses = torch.full((B, R), pad_token_id, dtype=torch.long)
+    responses[r_valid] = torch.from_numpy(np.concatenate(responses_np))
+
+    # Response mask from span boundaries: +1 at each start, -1 at each end, cumulative sum (work per span).
+    n_spans = np.fromiter((len(t.sampled_spans) for t in trajectories), dtype=np.int64, count=B)
+    bounds = np.array([b for t in trajectories for b in t.sampled_spans], dtype=np.int64).reshape(-1, 2)
+    rows = torch.from_numpy(np.repeat(np.arange(B, dtype=np.int64), n_spans))
+    delta = torch.zeros((B, R + 1), dtype=torch.int32)
+    ones = torch.ones(len(rows), dtype=torch.int32)
+    delta.index_put_((rows, torch.from_numpy(bounds[:, 0].copy())), ones, accumulate=True)
+    delta.index_put_((rows, torch.from_numpy(bounds[:, 1].copy())), -ones, accumulate=True)
+    sampled = delta.cumsum(dim=1)[:, :R] > 0
+    flat_lp = np.concatenate([t.sampled_logprobs for t in trajectories]).astype(np.float32, copy=False)
+    if flat_lp.size != int(sampled.sum()):  # invariant of Trajectory; guards hand-built ones
+        raise ValueError(f"pad_trajectories: {flat_lp.size} sampled logprobs for {int(sampled.sum())} sampled tokens")
+    log_probs = torch.zeros((B, R), dtype=torch.float32)
+    log_probs[sampled] = torch.from_numpy(flat_lp)
+
+    attention_mask = torch.cat([p_valid, r_valid], dim=1).long()
+    # = verl.utils.model.compute_position_id_with_mask (importing verl costs ~20 s; equality is unit-tested).
+    position_ids = torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
+    rm_scores = torch.zeros((B, R), dtype=torch.float32)
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    rm_scores[torch.arange(B), r_len_t - 1] = rewards
+
+    non_tensors = {
+        "__num_turns__": np.fromiter((t.num_turns for t in trajectories), dtype=np.int32, count=B),
+        "gym_env": _objects([t.env_name for t in trajectories]),
+        "gym_masked_reason": _objects([t.masked_reason.value if t.masked else "" for t in trajectories]),
+        "gym_truncated": np.fromiter((t.truncated for t in trajectories), dtype=bool, count=B),
+        "gym_contiguity_failure": np.fromiter((t.contiguity_failure for t in trajectories), dtype=bool, count=B),
+        "multi_modal_inputs": _objects([{} for _ in trajectories]),
+    }
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "response_mask": sampled.long(),
+        "rollout_log_probs": log_probs,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "rm_scores": rm_scores,
+    }
+    return PaddedBatch(tensors=tensors, non_tensors=non_tensors)
+
+
+def _objects(values: list[Any]) -> np.ndarray:
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
+
+
+def postprocess(
+    outcomes: Sequence[OutcomeLike], env_names: Sequence[str], config: TrajectoryConfig, *, pad_token_id: int
+) -> tuple[list[Trajectory], PaddedBatch]:
+    """All of a batch's outcomes (in row order) → trajectories and the padded batch (the manager's one call)."""
+    if len(outcomes) != len(env_names):
+        raise ValueError(f"postprocess: {len(outcomes)} outcomes but {len(env_names)} env names")
+    trajectories = [
+        trajectory_from_outcome(o, env_name=e, config=config) for o, e in zip(outcomes, env_names, strict=True)
+    ]
+    batch = pad_trajectories(
+        trajectories,
+        prompt_length=config.prompt_length,
+        response_length=config.response_length,
+        pad_token_id=pad_token_id,
+    )
+    return trajectories, batch

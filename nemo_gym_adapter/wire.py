@@ -1,0 +1,209 @@
+"""Typed models of the NeMo Gym 0.7 payloads this adapter reads: dataset rows and ``/run`` results.
+
+Parse once at the boundary (:func:`parse_run_result`, :func:`parse_dataset_row`), then use attributes. Every
+model allows extra fields (``extra="allow"``): Gym rows carry free-form verifier fields, and results carry many
+Responses-API fields we never read; none of them may be lost or rejected here. Models are frozen so code holding
+a parsed payload cannot change it behind the caller's back (the older recipe mutated Gym results in place).
+
+Shapes modelled (read from Gym 0.7.0: ``nemo_gym/openai_utils.py``, ``nemo_gym/base_resources_server.py``,
+``nemo_gym/responses_converter.py``, ``responses_api_agents/simple_agent/app.py``):
+
+* dataset row: ``responses_create_params`` (required; ``input`` a string or a list of items) + optional
+  ``agent_ref`` (``{"name": ...}`` or a string) or ``task_source`` (0.7 collate output) + verifier fields;
+* ``/run`` result: ``BaseVerifyResponse`` = the request + ``response`` + ``reward`` + ``mask_sample`` +
+  ``failure_kind`` + ``failure_reason``. ``response.output`` is the whole trajectory; the *last* output item of
+  each model call carries ``prompt_token_ids``/``generation_token_ids``/``generation_log_probs`` (all three or
+  none, Gym's ``_validate_atomic_token_metadata``); tool outputs carry none. A vLLM context error becomes one
+  empty assistant message *without* ids and ``incomplete_details.reason == "max_output_tokens"``.
+
+No ``nemo_gym`` import: Gym runs in its own venv and is reached over HTTP only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator, model_validator
+
+from nemo_gym_adapter.errors import GymServerError
+
+# The fields of Gym 0.7.0's ``NeMoGymResponseCreateParamsNonStreaming``. Gym validates ``/run`` bodies with
+# ``extra="forbid"``, so a typo here (``tool`` for ``tools``) would only surface as an HTTP 422 mid-training;
+# the dataset loader checks against this list up front. Pinned to Gym 0.7.0.
+RESPONSES_CREATE_PARAMS_FIELDS: frozenset[str] = frozenset(
+    {
+        "background",
+        "include",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "metadata",
+        "model",
+        "parallel_tool_calls",
+        "previous_response_id",
+        "prompt",
+        "reasoning",
+        "service_tier",
+        "store",
+        "context_management",
+        "conversation",
+        "moderation",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "safety_identifier",
+        "stream_options",
+        "temperature",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "truncation",
+        "user",
+        "stream",
+    }
+)
+
+# Gym's framework-owned top-level row keys (``nemo_gym/task_data.py`` RESERVED_ROW_KEYS); all others are verifier
+# fields and pass through untouched.
+RESERVED_ROW_KEYS: frozenset[str] = frozenset(
+    {"responses_create_params", "agent_ref", "task_source", "_ng_task_index", "_ng_rollout_index"}
+)
+
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+# Output item types the *model* produces (as opposed to tool outputs or environment/user messages). Used to notice
+# a model call that came back without token ids (context overflow, or a model server not configured for training).
+_MODEL_ITEM_TYPES = frozenset({"function_call", "reasoning", "custom_tool_call"})
+
+
+class WireModel(BaseModel):
+    """Base of every Gym payload model: unknown fields kept, instances immutable."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class AgentRef(WireModel):
+    """``agent_ref`` in its dict form (``{"name": ..., "type": ...}``); extra keys such as ``type`` are kept."""
+
+    name: str
+
+
+class ResponsesCreateParams(WireModel):
+    """``responses_create_params``: only ``input`` is required; every other field passes through to Gym."""
+
+    input: str | list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+
+
+class DatasetRow(WireModel):
+    """One Gym JSONL row. Verifier fields (``expected_answer``, ``question``, ...) are kept as extras."""
+
+    responses_create_params: ResponsesCreateParams
+    agent_ref: AgentRef | str | None = None
+    task_source: str | None = None
+
+
+class OutputItem(WireModel):
+    """One item of ``response.output``. Model-call items may carry the three token-id fields (all or none)."""
+
+    type: str | None = None
+    role: str | None = None
+    prompt_token_ids: list[StrictInt] | None = None
+    generation_token_ids: list[StrictInt] | None = None
+    generation_log_probs: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _atomic_token_fields(self) -> OutputItem:
+        present = [f for f in TOKEN_FIELDS if getattr(self, f) is not None]
+        if present and len(present) != len(TOKEN_FIELDS):
+            missing = sorted(set(TOKEN_FIELDS) - set(present))
+            raise ValueError(f"token fields must come together: has {present}, missing {missing}")
+        if present and len(self.generation_token_ids) != len(self.generation_log_probs):
+            raise ValueError(
+                f"generation_token_ids has {len(self.generation_token_ids)} ids but generation_log_probs has "
+                f"{len(self.generation_log_probs)} values"
+            )
+        return self
+
+    @property
+    def has_token_ids(self) -> bool:
+        return self.prompt_token_ids is not None
+
+    @property
+    def is_model_output(self) -> bool:
+        """Produced by the model (assistant message, tool call, reasoning), with or without token ids."""
+        return (self.type == "message" and self.role == "assistant") or self.type in _MODEL_ITEM_TYPES
+
+
+class IncompleteDetails(WireModel):
+    reason: str | None = None
+
+
+class GymResponse(WireModel):
+    """``response`` of a ``/run`` result: the whole trajectory in ``output``."""
+
+    output: list[OutputItem]
+    incomplete_details: IncompleteDetails | None = None
+    status: str | None = None
+
+
+class GymRunResult(WireModel):
+    """A ``/run`` result (Gym's ``BaseVerifyResponse`` or an environment's subclass of it)."""
+
+    reward: float
+    response: GymResponse
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+
+    @field_validator("reward")
+    @classmethod
+    def _finite_reward(cls, value: float) -> float:
+        # A NaN/inf reward would silently poison every advantage in its GRPO group.
+        if not math.isfinite(value):
+            raise ValueError(f"reward must be finite, got {value!r}")
+        return value
+
+    def model_calls(self) -> list[tuple[int, OutputItem]]:
+        """``(index in response.output, item)`` of every item that carries token ids, in trajectory order."""
+        return [(i, item) for i, item in enumerate(self.response.output) if item.has_token_ids]
+
+
+def describe_validation_error(error: ValidationError, *, max_errors: int = 5) -> str:
+    """One line per pydantic error, each with its JSON path (``response.output[3].generation_log_probs``)."""
+    lines = []
+    for err in error.errors()[:max_errors]:
+        path = ""
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        got = err.get("input")
+        got_text = json.dumps(got, default=str)[:80] if not isinstance(got, Mapping) else "{...}"
+        lines.append(f"{path or '<root>'}: {err['msg']} (got {got_text})")
+    extra = error.error_count() - len(lines)
+    if extra > 0:
+        lines.append(f"... and {extra} more")
+    return "; ".join(lines)
+
+
+def parse_run_result(payload: Mapping[str, Any] | str | bytes, *, where: str = "/run result") -> GymRunResult:
+    """Validate one ``/run`` answer. ``payload`` is the decoded JSON object or its text.
+
+    Raises:
+        GymServerError: the payload is not a valid result; the message names ``where`` and each bad JSON path.
+    """
+    try:
+        if isinstance(payload, str | bytes):
+            return GymRunResult.model_validate_json(payload)
+        return GymRunResult.model_validate(payload)
+    except ValidationError as e:
+        raise GymServerError(f"{where}: not a valid Gym /run result: {describe_validation_error(e)}") from e
+
+
+def parse_dataset_row(row: Mapping[str, Any]) -> DatasetRow:
+    """Validate one dataset row (raises pydantic's ``ValidationError``; :mod:`dataset` adds file and line)."""
+    return DatasetRow.model_validate(row)
