@@ -49,9 +49,10 @@ def agent_ref_name(agent_ref: Any, *, where: str = "row") -> str:
     """
     if isinstance(agent_ref, Mapping):
         if "name" not in agent_ref:
+            close = difflib.get_close_matches("name", [str(k) for k in agent_ref], n=1)
             raise DatasetError(
                 f"{where}: agent_ref must have a 'name' key, got keys {sorted(map(str, agent_ref))}"
-                f"{_suggest('name', [str(k) for k in agent_ref]) if agent_ref else ''}"
+                + (f" (found {close[0]!r}: a typo?)" if close else "")
             )
         return _clean_name(agent_ref["name"], path="agent_ref.name", where=where)
     if isinstance(agent_ref, str):

@@ -1,0 +1,99 @@
+"""Unit tests of the Gym payload models (parse once at the boundary)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from nemo_gym_adapter.errors import GymServerError
+from nemo_gym_adapter.wire import RESPONSES_CREATE_PARAMS_FIELDS, AgentRef, parse_dataset_row, parse_run_result
+
+
+def _result(output, **extra):
+    return {"reward": 1.0, "response": {"output": output, "incomplete_details": None, "id": "r"}, **extra}
+
+
+IDS = {"prompt_token_ids": [1, 2], "generation_token_ids": [3], "generation_log_probs": [-0.5]}
+
+
+def test_result_keeps_unknown_fields_and_exposes_attributes():
+    payload = _result(
+        [{"type": "message", "role": "assistant", "content": [], **IDS}], judge_evaluations=[1], mask_sample=False
+    )
+    r = parse_run_result(json.dumps(payload))
+    assert r.reward == 1.0 and r.mask_sample is False and r.failure_kind is None
+    assert r.model_extra["judge_evaluations"] == [1] and r.response.model_extra["id"] == "r"
+    assert [(i, item.generation_token_ids) for i, item in r.model_calls()] == [(0, [3])]
+    assert r.model_dump()["judge_evaluations"] == [1]
+
+
+def test_models_are_frozen():
+    r = parse_run_result(_result([]))
+    with pytest.raises(ValidationError):
+        r.reward = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ({"type": "message", "prompt_token_ids": [1]}, "must come together"),
+        ({**IDS, "generation_log_probs": []}, "generation_token_ids has 1 ids but generation_log_probs has 0"),
+        ({**IDS, "prompt_token_ids": ["1"]}, "response.output[0].prompt_token_ids[0]"),
+        ({**IDS, "prompt_token_ids": [1.5]}, "valid integer"),
+    ],
+)
+def test_token_fields_are_validated_with_json_path(item, message):
+    with pytest.raises(GymServerError) as info:
+        parse_run_result(_result([item]), where="row 4: /run result")
+    assert str(info.value).startswith("row 4: /run result: ") and message in str(info.value)
+
+
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), None, "high"])
+def test_reward_must_be_a_finite_number(reward):
+    with pytest.raises(GymServerError, match="reward"):
+        parse_run_result(_result([]) | {"reward": reward})
+
+
+def test_missing_response_is_reported():
+    with pytest.raises(GymServerError, match="response: Field required"):
+        parse_run_result({"reward": 0.0})
+
+
+def test_model_output_classification():
+    r = parse_run_result(
+        _result(
+            [
+                {"type": "reasoning", "summary": []},
+                {"type": "message", "role": "assistant", "content": []},
+                {"type": "function_call", "name": "f", "arguments": "{}", "call_id": "c"},
+                {"type": "function_call_output", "call_id": "c", "output": "x"},
+                {"type": "message", "role": "user", "content": "next"},
+            ]
+        )
+    )
+    assert [i.is_model_output for i in r.response.output] == [True, True, True, False, False]
+
+
+def test_dataset_row_forms():
+    base = {"responses_create_params": {"input": "hi", "temperature": 0.3}, "expected_answer": "4"}
+    assert parse_dataset_row(base).model_extra == {"expected_answer": "4"}
+    assert parse_dataset_row(base | {"agent_ref": "a"}).agent_ref == "a"
+    assert parse_dataset_row(base | {"agent_ref": {"name": "a", "type": "t"}}).agent_ref == AgentRef(name="a", type="t")
+    assert parse_dataset_row(base).responses_create_params.model_extra == {"temperature": 0.3}
+    with pytest.raises(ValidationError):
+        parse_dataset_row({"responses_create_params": {"tools": []}})
+
+
+def test_params_field_list_is_gyms():
+    # Spot checks against Gym 0.7.0's NeMoGymResponseCreateParamsNonStreaming.
+    assert {
+        "input",
+        "tools",
+        "max_output_tokens",
+        "temperature",
+        "tool_choice",
+        "metadata",
+    } <= RESPONSES_CREATE_PARAMS_FIELDS
+    assert "tool" not in RESPONSES_CREATE_PARAMS_FIELDS and "max_tokens" not in RESPONSES_CREATE_PARAMS_FIELDS
