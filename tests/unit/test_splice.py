@@ -330,18 +330,17 @@ _TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reas
 
 
 @pytest.fixture(scope="module")
-def family_tokenizers():
+def family_tokenizers(tiny_model_dir):
     """family -> (tokenizer, TurnTemplate with the generation-config stop ids, terminator text)."""
     import json
 
     from transformers import AutoTokenizer
 
     from nemo_gym_adapter.splice import turn_template_from_tokenizer
-    from nemo_gym_adapter.testing.tiny_models import build_tiny_model
 
     out = {}
     for family in FAMILIES:
-        path = build_tiny_model(family)
+        path = tiny_model_dir(family)
         tok = AutoTokenizer.from_pretrained(path)
         eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
         template = turn_template_from_tokenizer(tok, eos if isinstance(eos, list) else [eos])
