@@ -184,7 +184,7 @@ LLAMA3_JSON = (
 {%- set role = 'system' if message.role == 'developer' else message.role -%}
 {%- if loop.index0 < ns.start -%}
 {%- elif role in ['tool', 'ipython'] -%}
-{%- set c = message.content if message.content is string else (message.content | tojson) -%}
+{%- set c = (message.content | tojson) if message.content is mapping else text(message.content) -%}
 {{- '<|start_header_id|>ipython<|end_header_id|>\n\n' + c | trim + '<|eot_id|>' -}}
 {%- elif role == 'assistant' and message.tool_calls -%}
 {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}

@@ -27,6 +27,7 @@ CLI: ``python -m nemo_gym_adapter.testing.tiny_models [--family all|qwen25|qwen3
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -199,28 +200,19 @@ def training_corpus() -> list[str]:
 # -------------------------------------------------------------------------------------------- tokenizer
 
 
-def _train_tokenizer(spec: _Family):
-    """Train the byte-level BPE and append the family's tokens. Returns a ``tokenizers.Tokenizer``."""
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
+@functools.cache
+def _trained_bpe(split_regex: str) -> str:
+    """Train the byte-level BPE for one pre-tokenizer regex; returns its JSON (cached: qwen25/qwen3 share it)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()  # as the real tokenizers (and transformers' Qwen2Tokenizer) do
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(spec.split_regex), behavior="isolated"),
+            pre_tokenizers.Split(Regex(split_regex), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
-    tok.normalizer = normalizers.NFC()  # as the real tokenizers (and transformers' Qwen2Tokenizer) do
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=BASE_VOCAB_SIZE,
@@ -229,6 +221,14 @@ def _train_tokenizer(spec: _Family):
         show_progress=False,
     )
     tok.train_from_iterator(training_corpus(), trainer=trainer)
+    return tok.to_str()
+
+
+def _train_tokenizer(spec: _Family):
+    """The family's tokenizer: the trained BPE plus its special/added tokens. Returns a ``tokenizers.Tokenizer``."""
+    from tokenizers import AddedToken, Tokenizer, processors
+
+    tok = Tokenizer.from_str(_trained_bpe(spec.split_regex))
     # Added after training so the ids follow the BPE vocab (as in the real tokenizers), in spec order.
     for text in spec.special + spec.added:
         token = AddedToken(text, special=text in spec.special, normalized=False, single_word=False)
