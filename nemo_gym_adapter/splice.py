@@ -36,6 +36,7 @@ vLLM's request preprocessing on every turn).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -235,18 +236,19 @@ def _added_token_ids(tokenizer: Any) -> set[int]:
 
 
 def _check_ids(value: object, where: str) -> None:
-    """Raise unless ``value`` is a list (or tuple) of non-negative ints. Linear, C-level for the common case."""
+    """Raise unless ``value`` is a list (or tuple) of non-negative ints.
+
+    One C-level pass on the hot path: ``array("Q", ...)`` rejects non-ints (TypeError) and negative or huge values
+    (OverflowError). JSON has no bools inside int arrays, so accepting bool (an int subclass) costs nothing real.
+    The slow per-element scan runs only to name the bad element.
+    """
     if not isinstance(value, (list, tuple)):
         raise TokenAlignmentError(f"{where} must be a list of token ids, got {type(value).__name__}")
-    if not value:
-        return
-    types = set(map(type, value))
-    if types != {int}:
-        bad = next(i for i, t in enumerate(value) if type(t) is not int)
-        raise TokenAlignmentError(f"{where}[{bad}] must be an int token id, got {value[bad]!r}")
-    if min(value) < 0:
-        bad = next(i for i, t in enumerate(value) if t < 0)
-        raise TokenAlignmentError(f"{where}[{bad}] is a negative token id: {value[bad]}")
+    try:
+        array("Q", value)
+    except (TypeError, OverflowError):
+        bad = next(i for i, t in enumerate(value) if not (isinstance(t, int) and 0 <= t < 2**64))
+        raise TokenAlignmentError(f"{where}[{bad}] must be a non-negative int token id, got {value[bad]!r}") from None
 
 
 def _as_list(ids: Sequence[int]) -> list[int]:
