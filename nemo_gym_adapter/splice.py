@@ -28,7 +28,8 @@ with ``<|endoftext|>`` the splice keeps it, so the model prefix then holds one t
 history. Stop ids cannot occur inside a generation (the engine stops at the first), and the template writes exactly
 one terminator where the model wrote one stop id, so counts stay comparable; anything else (a message removed,
 merged or summarised; a model that produced a terminator mid-generation) shows up as a count mismatch and raises
-``TokenAlignmentError`` rather than guessing.
+``TokenAlignmentError`` rather than guessing. Not detectable by counting: a message rewritten in place (same number
+of turns); the model's own tokens then win over the edit.
 
 Everything here is pure: token lists in, a new list out; no decode, no encode, linear scans only (this runs in
 vLLM's request preprocessing on every turn).
