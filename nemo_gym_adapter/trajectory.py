@@ -16,8 +16,9 @@ Masked samples (never dropped; reward 0; ``masked_reason`` says why; see :class:
 ``mask_sample``; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
 ``mask_sample`` and e.g. ``nemo_user_sim`` names a kind on valid zero-reward samples); client failures (timeout,
 request failed, unroutable); unparseable results; context overflow (a model call without ids plus
-``incomplete_details``); model calls without ids; no model call; non-contiguous history (policy "mask");
-prompt longer than ``prompt_length`` or leaving no response budget; no sampled token at all.
+``incomplete_details``); model calls without ids; no model call; non-contiguous history (``contiguity="mask"``;
+``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
+:class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
 
 What a masked row looks like in the batch (chosen so it gives exactly zero gradient and is identifiable from the
 tensors a verl advantage estimator receives): its prompt is kept when known and fitting (else one pad token); its
@@ -30,8 +31,8 @@ Batch (:func:`pad_trajectories`) follows verl 0.9.1 ``AgentLoopWorker._agent_loo
 right-padded to ``response_length``; ``input_ids``/``attention_mask`` their concatenation; ``position_ids`` =
 ``compute_position_id_with_mask(attention_mask)``; ``rm_scores`` = reward on the last valid response token.
 Non-tensors: ``__num_turns__`` plus ``gym_*`` per-row info and ``multi_modal_inputs`` (the legacy trainer iterates
-that key unconditionally). Vectorised: one numpy concatenation per field, then masked scatters; work per row is
-O(1) Python calls, never a per-token loop.
+that key unconditionally). No per-token Python loop anywhere: a row costs a few list-slice comparisons and numpy
+conversions (build), and one slice copy per row and per sampled span (padding).
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ class MaskReason(str, enum.Enum):
 
 
 # The rollout client's RolloutFailure.reason codes that are not plain request failures.
-_CLIENT_REASONS = {"timeout": MaskReason.TIMEOUT, "unknown_agent": MaskReason.UNROUTABLE}
-_CLIENT_REASONS["ambiguous_agent"] = MaskReason.UNROUTABLE
+_CLIENT_REASONS = {
+    "timeout": MaskReason.TIMEOUT,
+    "unknown_agent": MaskReason.UNROUTABLE,
+    "ambiguous_agent": MaskReason.UNROUTABLE,
+}
 
 
 class FailureRecord(Protocol):
@@ -406,45 +410,38 @@ def pad_trajectories(
     if B == 0:
         raise ValueError("pad_trajectories: empty batch")
     pad = np.array([pad_token_id], dtype=np.int64)
-    prompts_np = [t.prompt_ids if len(t.prompt_ids) else pad for t in trajectories]
-    responses_np = [t.response_ids if len(t.response_ids) else pad for t in trajectories]
-    p_lens = np.fromiter(map(len, prompts_np), dtype=np.int64, count=B)
-    r_lens = np.fromiter(map(len, responses_np), dtype=np.int64, count=B)
-    for name, lens, limit in (("prompt", p_lens, P), ("response", r_lens, R)):
-        over = np.flatnonzero(lens > limit)
-        if over.size:
-            i = int(over[0])
-            raise ValueError(f"pad_trajectories: row {i} has a {name} of {lens[i]} tokens > {name}_length {limit}")
+    prompts = np.full((B, P), pad_token_id, dtype=np.int64)
+    responses = np.full((B, R), pad_token_id, dtype=np.int64)
+    mask = np.zeros((B, R), dtype=np.int64)
+    log_probs = np.zeros((B, R), dtype=np.float32)
+    p_lens = np.empty(B, dtype=np.int64)
+    r_lens = np.empty(B, dtype=np.int64)
+    # One slice copy per row and per sampled span (memcpy speed); no Python work per token.
+    for i, t in enumerate(trajectories):
+        prompt = t.prompt_ids if len(t.prompt_ids) else pad
+        response = t.response_ids if len(t.response_ids) else pad
+        if len(prompt) > P or len(response) > R:
+            name, n, limit = ("prompt", len(prompt), P) if len(prompt) > P else ("response", len(response), R)
+            raise ValueError(f"pad_trajectories: row {i} has a {name} of {n} tokens > {name}_length {limit}")
+        p_lens[i], r_lens[i] = len(prompt), len(response)
+        prompts[i, P - len(prompt) :] = prompt
+        responses[i, : len(response)] = response
+        offset = 0
+        for start, end in t.sampled_spans:
+            mask[i, start:end] = 1
+            log_probs[i, start:end] = t.sampled_logprobs[offset : offset + end - start]
+            offset += end - start
+        if offset != len(t.sampled_logprobs):  # a Trajectory invariant; guards hand-built ones
+            raise ValueError(f"pad_trajectories: row {i} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
 
-    p_len_t, r_len_t = torch.from_numpy(p_lens), torch.from_numpy(r_lens)
-    p_valid = torch.arange(P).unsqueeze(0) >= (P - p_len_t).unsqueeze(1)  # left padding
-    r_valid = torch.arange(R).unsqueeze(0) < r_len_t.unsqueeze(1)  # right padding
-    prompts = torch.full((B, P), pad_token_id, dtype=torch.long)
-    prompts[p_valid] = torch.from_numpy(np.concatenate(prompts_np))  # row-major order = concatenation order
-    responses = torch.full((B, R), pad_token_id, dtype=torch.long)
-    responses[r_valid] = torch.from_numpy(np.concatenate(responses_np))
-
-    # Response mask from span boundaries: +1 at each start, -1 at each end, cumulative sum (work per span).
-    n_spans = np.fromiter((len(t.sampled_spans) for t in trajectories), dtype=np.int64, count=B)
-    bounds = np.array([b for t in trajectories for b in t.sampled_spans], dtype=np.int64).reshape(-1, 2)
-    rows = torch.from_numpy(np.repeat(np.arange(B, dtype=np.int64), n_spans))
-    delta = torch.zeros((B, R + 1), dtype=torch.int32)
-    ones = torch.ones(len(rows), dtype=torch.int32)
-    delta.index_put_((rows, torch.from_numpy(bounds[:, 0].copy())), ones, accumulate=True)
-    delta.index_put_((rows, torch.from_numpy(bounds[:, 1].copy())), -ones, accumulate=True)
-    sampled = delta.cumsum(dim=1)[:, :R] > 0
-    flat_lp = np.concatenate([t.sampled_logprobs for t in trajectories]).astype(np.float32, copy=False)
-    if flat_lp.size != int(sampled.sum()):  # invariant of Trajectory; guards hand-built ones
-        raise ValueError(f"pad_trajectories: {flat_lp.size} sampled logprobs for {int(sampled.sum())} sampled tokens")
-    log_probs = torch.zeros((B, R), dtype=torch.float32)
-    log_probs[sampled] = torch.from_numpy(flat_lp)
-
-    attention_mask = torch.cat([p_valid, r_valid], dim=1).long()
+    attention_mask = np.concatenate(
+        [np.arange(P) >= (P - p_lens)[:, None], np.arange(R) < r_lens[:, None]], axis=1
+    ).astype(np.int64)
+    rm_scores = np.zeros((B, R), dtype=np.float32)
+    rm_scores[np.arange(B), r_lens - 1] = [t.reward for t in trajectories]
+    attention = torch.from_numpy(attention_mask)
     # = verl.utils.model.compute_position_id_with_mask (importing verl costs ~20 s; equality is unit-tested).
-    position_ids = torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0)
-    rm_scores = torch.zeros((B, R), dtype=torch.float32)
-    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    rm_scores[torch.arange(B), r_len_t - 1] = rewards
+    position_ids = torch.clip(torch.cumsum(attention, dim=-1) - 1, min=0)
 
     non_tensors = {
         "__num_turns__": np.fromiter((t.num_turns for t in trajectories), dtype=np.int32, count=B),
@@ -455,14 +452,14 @@ def pad_trajectories(
         "multi_modal_inputs": _objects([{} for _ in trajectories]),
     }
     tensors = {
-        "prompts": prompts,
-        "responses": responses,
-        "response_mask": sampled.long(),
-        "rollout_log_probs": log_probs,
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
+        "prompts": torch.from_numpy(prompts),
+        "responses": torch.from_numpy(responses),
+        "response_mask": torch.from_numpy(mask),
+        "rollout_log_probs": torch.from_numpy(log_probs),
+        "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
+        "attention_mask": attention,
         "position_ids": position_ids,
-        "rm_scores": rm_scores,
+        "rm_scores": torch.from_numpy(rm_scores),
     }
     return PaddedBatch(tensors=tensors, non_tensors=non_tensors)
 
