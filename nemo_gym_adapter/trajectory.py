@@ -362,8 +362,11 @@ def build_trajectory(
 
 
 def trajectory_from_outcome(outcome: OutcomeLike, *, env_name: str, config: TrajectoryConfig) -> Trajectory:
-    """The rollout client's outcome for one row → its trajectory; the ``/run`` JSON is parsed here, once."""
-    latency = outcome.latency_s
+    """The rollout client's outcome for one row → its trajectory; the ``/run`` JSON is parsed here, once.
+
+    A row that was never sent (``attempts == 0``: unroutable, not serialisable) has no latency, not 0 s.
+    """
+    latency = outcome.latency_s if getattr(outcome, "attempts", 1) else None
     if outcome.failure is not None:
         return failed_trajectory(outcome.failure, env_name=env_name, row_index=outcome.index, latency_s=latency)
     if outcome.result is None:

@@ -205,6 +205,18 @@ def test_client_failures_become_masked_rows(reason, expected):
     assert t.failure_kind == f"client:{reason}" and "boom" in t.detail
 
 
+def test_the_real_rollout_client_records_are_accepted():
+    from nemo_gym_adapter.rollout_client import RolloutFailure, RolloutOutcome
+
+    ok = RolloutOutcome(0, "env_a", "env_a_server", 2.5, 1, result=handmade_multiturn(P0, [G0], []))
+    failed = RolloutOutcome(1, "env_a", "env_a_server", 900.0, 1, failure=RolloutFailure("timeout", "900 s", None))
+    unsent = RolloutOutcome(2, None, None, 0.0, 0, failure=RolloutFailure("unknown_agent", "no such agent"))
+    trajs, batch = postprocess([ok, failed, unsent], ["env_a"] * 3, CFG, pad_token_id=PAD)
+    assert [t.masked_reason for t in trajs] == [None, MaskReason.TIMEOUT, MaskReason.UNROUTABLE]
+    assert [t.latency_s for t in trajs] == [2.5, 900.0, None]  # never sent: no latency rather than 0 s
+    assert batch.tensors["response_mask"].sum(-1).tolist() == [2, 0, 0]
+
+
 def test_invalid_result_is_masked_with_json_path():
     bad = handmade_multiturn(P0, [G0], [])
     bad["response"]["output"][0]["generation_log_probs"] = [-0.1]  # 2 ids, 1 logprob
