@@ -121,6 +121,11 @@ def validate_row(
     """
     if not isinstance(row, Mapping):
         raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+    if _PARAMS_KEY not in row and isinstance(row.get("task_id"), Mapping) and "task_input" in row:
+        raise DatasetError(
+            f"{where}: materialized task rows (task_id + task_input, routed through environment_server_routes) "
+            f"are not supported; use flat Gym rows with {_PARAMS_KEY!r}"
+        )
     if _PARAMS_KEY not in row:
         close = difflib.get_close_matches(_PARAMS_KEY, [str(k) for k in row], n=1, cutoff=0.6)
         typo = f" (found {close[0]!r}: a typo?)" if close else ""

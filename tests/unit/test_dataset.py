@@ -41,6 +41,7 @@ CORPUS = {
     "no_routing.jsonl": (2, "row has neither agent_ref nor task_source", False),
     "unknown_agent.jsonl": (2, "unknown agent 'weather_agnet' (did you mean 'weather_agent'?)", True),
     "not_utf8.jsonl": (2, "not UTF-8", False),
+    "materialized_row.jsonl": (2, "materialized task rows (task_id + task_input", False),
 }
 
 
