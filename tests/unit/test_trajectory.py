@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError, TokenAlignmentError
 from nemo_gym_adapter.trajectory import (
@@ -327,6 +329,26 @@ def test_truncation_at_turn_boundaries(response_length, max_model_len, expected_
     assert t.rollout_log_probs()[: len(G0)].tolist()[: len(expected_response)] == pytest.approx(
         [-1, -1.001][: len(expected_response)]
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gens=st.lists(st.lists(st.integers(1, 99), min_size=1, max_size=5), min_size=1, max_size=4),
+    env_len=st.integers(0, 4),
+    response_length=st.integers(1, 30),
+)
+def test_truncation_invariants(gens, env_len, response_length):
+    envs = [[100 + k] * env_len for k in range(len(gens) - 1)]
+    payload = handmade_multiturn(P0, gens, envs)
+    full = build(payload)
+    t = build(payload, TrajectoryConfig(prompt_length=8, response_length=response_length))
+    n = len(t.response_ids)
+    assert 1 <= n <= response_length and t.response_ids.tolist() == full.response_ids.tolist()[:n]
+    assert t.response_mask().tolist() == full.response_mask().tolist()[:n]
+    assert t.sampled_logprobs.tolist() == full.sampled_logprobs.tolist()[: t.num_generated]
+    assert t.truncated == (n < len(full.response_ids))
+    if t.truncated and len(gens[0]) <= response_length:  # cut at a turn boundary: right after a generation
+        assert t.response_mask()[-1] == 1 and n in {e for _, e in full.sampled_spans}
 
 
 def test_empty_generation_is_masked():
