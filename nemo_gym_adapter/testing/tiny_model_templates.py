@@ -1,4 +1,4 @@
-"""Chat templates and the tokenizer training corpus of the tiny test models (data, no logic).
+"""Chat templates and the tokenizer training corpus of the tiny test models (data and its expansion).
 
 The templates are written for this project; they follow the *semantics* of the real families (what the
 on-policy splice has to survive) without copying the vendors' text:
@@ -21,6 +21,9 @@ Every template accepts content as a string or as OpenAI content parts (vLLM may 
 """
 
 from __future__ import annotations
+
+import json
+import random
 
 # Shared Jinja helpers. ``text`` flattens OpenAI content parts; ``args`` writes tool-call arguments as
 # JSON whether they arrive as a string (OpenAI wire format) or a mapping (vLLM parses them for templates).
@@ -205,7 +208,7 @@ LLAMA3_JSON = (
 )
 
 # ---------------------------------------------------------------------------------------------------------
-# Tokenizer training corpus. Small on purpose; ``tiny_models.training_corpus`` expands it deterministically
+# Tokenizer training corpus. Small on purpose; ``training_corpus`` expands it deterministically
 # (fixed-seed combinations) so BPE learns whole-word tokens for common words, JSON punctuation merges
 # (``{"``, ``":``), tool-call shapes and digits. Words listed in ``KEY_WORDS`` are repeated until they are
 # single tokens with and without a leading space: a model can then emit them in two pieces that re-encode
@@ -306,3 +309,45 @@ assert data["name"] == "get_weather"
 {"type": "function", "function": {"name": "get_weather", "description": "Get the weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 {"results": [{"title": "Weather report", "url": "https://example.com/weather", "score": 0.93}], "count": 1, "ok": true, "error": null}
 '''
+
+
+def training_corpus() -> list[str]:
+    """The BPE training text, expanded deterministically from the embedded word lists (no global RNG)."""
+    rng = random.Random(20250601)
+    lines: list[str] = []
+    for _ in range(30):  # every key word becomes a token both at line start and after a space
+        lines.extend(f"{w} and {w}, {w.lower()} or {w.upper()}" for w in KEY_WORDS)
+    nouns, verbs, adjs = WORDS[:200], WORDS[200:300], WORDS[300:]
+    for _ in range(1500):
+        tpl = rng.choice(PHRASES)
+        lines.append(
+            tpl.format(
+                city=rng.choice(CITIES),
+                cond=rng.choice(CONDITIONS),
+                n=rng.randint(0, 999),
+                m=rng.randint(0, 99),
+                k=rng.randint(0, 9999),
+                adj=rng.choice(adjs),
+                noun=rng.choice(nouns),
+                noun2=rng.choice(nouns),
+                verb=rng.choice(verbs),
+                word=rng.choice(WORDS),
+                word2=rng.choice(WORDS),
+                word3=rng.choice(WORDS),
+            )
+        )
+    # Inflected and capitalised variants give BPE enough distinct words to reach a realistic vocabulary.
+    variants = [v for w in WORDS for v in (w, w.capitalize(), w + "s", w + "ing", w + "ed", w + "er", "un" + w)]
+    for _ in range(3000):
+        lines.append(" ".join(rng.choice(variants) for _ in range(rng.randint(4, 14))) + rng.choice(".,;:!?"))
+    for _ in range(400):
+        args = {"city": rng.choice(CITIES), "unit": rng.choice(("celsius", "fahrenheit")), "days": rng.randint(1, 14)}
+        call = json.dumps({"name": rng.choice(TOOL_NAMES), "arguments": args})
+        lines.append(f"<tool_call>\n{call}\n</tool_call>")
+        lines.append(json.dumps({"name": rng.choice(TOOL_NAMES), "parameters": args}, indent=rng.choice((None, 4))))
+        reply = {"temperature": rng.randint(-20, 45), "condition": rng.choice(CONDITIONS), "humidity": rng.random()}
+        lines.append(f"<tool_response>\n{json.dumps(reply)}\n</tool_response>")
+    for _ in range(20):
+        lines.append(CODE)
+    lines.extend(" ".join(str(rng.randint(0, 10 ** rng.randint(1, 8))) for _ in range(12)) for _ in range(100))
+    return lines

@@ -152,51 +152,6 @@ def family_spec(family: str) -> _Family:
         ) from None
 
 
-# ----------------------------------------------------------------------------------------------- corpus
-
-
-def training_corpus() -> list[str]:
-    """The BPE training text, expanded deterministically from the embedded word lists (no global RNG)."""
-    rng = random.Random(20250601)
-    lines: list[str] = []
-    for _ in range(30):  # every key word becomes a token both at line start and after a space
-        lines.extend(f"{w} and {w}, {w.lower()} or {w.upper()}" for w in T.KEY_WORDS)
-    nouns, verbs, adjs = T.WORDS[:200], T.WORDS[200:300], T.WORDS[300:]
-    for _ in range(1500):
-        tpl = rng.choice(T.PHRASES)
-        lines.append(
-            tpl.format(
-                city=rng.choice(T.CITIES),
-                cond=rng.choice(T.CONDITIONS),
-                n=rng.randint(0, 999),
-                m=rng.randint(0, 99),
-                k=rng.randint(0, 9999),
-                adj=rng.choice(adjs),
-                noun=rng.choice(nouns),
-                noun2=rng.choice(nouns),
-                verb=rng.choice(verbs),
-                word=rng.choice(T.WORDS),
-                word2=rng.choice(T.WORDS),
-                word3=rng.choice(T.WORDS),
-            )
-        )
-    # Inflected and capitalised variants give BPE enough distinct words to reach a realistic vocabulary.
-    variants = [v for w in T.WORDS for v in (w, w.capitalize(), w + "s", w + "ing", w + "ed", w + "er", "un" + w)]
-    for _ in range(3000):
-        lines.append(" ".join(rng.choice(variants) for _ in range(rng.randint(4, 14))) + rng.choice(".,;:!?"))
-    for _ in range(400):
-        args = {"city": rng.choice(T.CITIES), "unit": rng.choice(("celsius", "fahrenheit")), "days": rng.randint(1, 14)}
-        call = json.dumps({"name": rng.choice(T.TOOL_NAMES), "arguments": args})
-        lines.append(f"<tool_call>\n{call}\n</tool_call>")
-        lines.append(json.dumps({"name": rng.choice(T.TOOL_NAMES), "parameters": args}, indent=rng.choice((None, 4))))
-        reply = {"temperature": rng.randint(-20, 45), "condition": rng.choice(T.CONDITIONS), "humidity": rng.random()}
-        lines.append(f"<tool_response>\n{json.dumps(reply)}\n</tool_response>")
-    for _ in range(20):
-        lines.append(T.CODE)
-    lines.extend(" ".join(str(rng.randint(0, 10 ** rng.randint(1, 8))) for _ in range(12)) for _ in range(100))
-    return lines
-
-
 # -------------------------------------------------------------------------------------------- tokenizer
 
 
@@ -220,7 +175,7 @@ def _trained_bpe(split_regex: str) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(training_corpus(), trainer=trainer)
+    tok.train_from_iterator(T.training_corpus(), trainer=trainer)
     return tok.to_str()
 
 
@@ -326,6 +281,7 @@ def file_hashes(model_dir: Path) -> dict[str, str]:
     return out
 
 
+@functools.cache
 def recipe_fingerprint() -> str:
     """sha256 of everything that determines the bytes of a build: this code, the templates, library versions.
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym_adapter.testing import tiny_model_templates as T
 from nemo_gym_adapter.testing import tiny_models as tm
 
 TOOLS = [
@@ -171,7 +172,7 @@ def test_transformers_tokenizer_matches_raw_tokenizer_json(tiny_model_dir, famil
 
     path = tiny_model_dir(family)
     raw, tok = Tokenizer.from_file(str(path / "tokenizer.json")), _tokenizer(path)
-    for line in tm.training_corpus()[::97] + ["Ünïcödé café 12345 <tool_call>\n{}</tool_call><|im_end|>"]:
+    for line in T.training_corpus()[::97] + ["Ünïcödé café 12345 <tool_call>\n{}</tool_call><|im_end|>"]:
         assert tok.encode(line, add_special_tokens=False) == raw.encode(line, add_special_tokens=False).ids, line
 
 
