@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_gym_adapter import paths
-from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.errors import AdapterConfigError, SetupError
 from nemo_gym_adapter.testing import tiny_model_templates as T
 
 FAMILIES = ("qwen25", "qwen3", "llama3")
@@ -252,8 +252,9 @@ def _write_model(out: Path, spec: _Family, tok) -> None:
     else:
         config = transformers.LlamaConfig(head_dim=HEAD_DIM, **common)
     config.dtype = torch.float32
-    torch.manual_seed(spec.seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.random.fork_rng(devices=[]):  # seed our init without disturbing the caller's RNG stream
+        torch.manual_seed(spec.seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config = transformers.GenerationConfig(
         bos_token_id=common["bos_token_id"],
         eos_token_id=[ids[t] for t in spec.generation_eos],
@@ -363,7 +364,7 @@ def _publish(tmp: Path, final: Path, family: str) -> None:
             except FileNotFoundError:
                 continue
             shutil.rmtree(aside, ignore_errors=True)
-    raise OSError(f"could not publish tiny model {family!r} at {final}")
+    raise SetupError(f"could not publish tiny model {family!r} at {final}: another process keeps replacing it")
 
 
 def main(argv: list[str] | None = None) -> int:

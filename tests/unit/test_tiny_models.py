@@ -126,8 +126,14 @@ def test_complete_build_is_reused_and_stale_one_replaced(fresh_root):
     assert sorted(p.name for p in fresh_root.iterdir()) == sorted(tm.FAMILIES), "temp or stale dirs left behind"
 
 
-def test_cli_builds_one_family(tmp_path, capsys):
+def test_cli_builds_one_family_without_touching_the_callers_rng(tmp_path, capsys):
+    import torch
+
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
     assert tm.main(["--family", "llama3", "--root", str(tmp_path)]) == 0
+    assert torch.equal(torch.rand(4), expected), "building reseeded the global torch RNG"
     assert capsys.readouterr().out == f"llama3\t{tmp_path / 'llama3'}\n"
     assert tm.is_complete(tmp_path / "llama3", "llama3")
 
