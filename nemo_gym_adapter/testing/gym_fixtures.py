@@ -25,7 +25,7 @@ SINGLE_TOOL_CALL_AGENT = "example_single_tool_call_simple_agent"
 MAX_STEPS = 3
 # A hermes tool call of the example's one tool; as a `structured_outputs` regex it forces the tiny random model
 # to call it (the model would never do so on its own).
-GET_WEATHER_CALL_REGEX = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(sf|SF)"\}\}\n</tool_call>'
+GET_WEATHER_CALL_REGEX = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "sf"\}\}\n</tool_call>'
 
 
 def single_tool_call_spec(policy_base_url: list[str], model_name: str, **overrides: Any) -> GymLaunchSpec:
@@ -49,9 +49,12 @@ def example_rows(env: str = "example_single_tool_call") -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def forced_tool_call_row(row: dict[str, Any], seed: int = 0, alternative_text: str | None = None) -> dict[str, Any]:
+def forced_tool_call_row(
+    row: dict[str, Any], seed: int = 0, alternative_text: str | None = None, temperature: float | None = None
+) -> dict[str, Any]:
     """``row`` with vLLM sampling forced (per row, via the model server's ``metadata.extra_body``) to the
-    ``get_weather`` call, or -- with ``alternative_text`` -- to either that call or that literal text."""
+    ``get_weather`` call, or -- with ``alternative_text`` (a regex) -- to either that call or that text. The same
+    constraint applies to every turn of the rollout."""
     pattern = GET_WEATHER_CALL_REGEX if alternative_text is None else f"({GET_WEATHER_CALL_REGEX}|{alternative_text})"
     extra_body = {"seed": seed, "structured_outputs": {"regex": pattern}}
     params = {
@@ -59,6 +62,8 @@ def forced_tool_call_row(row: dict[str, Any], seed: int = 0, alternative_text: s
         "max_output_tokens": 64,
         "metadata": {"extra_body": json.dumps(extra_body)},
     }
+    if temperature is not None:
+        params["temperature"] = temperature
     return {**row, "responses_create_params": params}
 
 
