@@ -134,7 +134,7 @@ def apply_patch() -> PatchReport:
     except (ImportError, AttributeError) as e:
         raise SetupError(f"vLLM {version}: cannot import {target.module}.{class_name} for the token-ID patch") from e
     with _LOCK:
-        current = cls.__dict__.get(method_name)
+        current = getattr(cls, method_name, None)
         if current is None:
             raise SetupError(f"vLLM {version}: {target.dotted} does not exist; the token-ID patch cannot be applied")
         already = getattr(current, _SENTINEL, None) is not None
@@ -151,7 +151,7 @@ def is_patched() -> bool:
     target = hook_target_for(getattr(vllm, "__version__", "unknown"))
     class_name, method_name = target.qualname.split(".")
     cls = getattr(importlib.import_module(target.module), class_name)
-    return getattr(cls.__dict__.get(method_name), _SENTINEL, None) is not None
+    return getattr(getattr(cls, method_name, None), _SENTINEL, None) is not None
 
 
 # ------------------------------------------------------------------------------------------------------ Ray actors
