@@ -70,7 +70,8 @@ CPU_ACTOR_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.actor.use_kl_loss=false",
     "algorithm.use_kl_in_reward=false",
 )
-"""Hydra overrides (against verl's ``ppo_trainer`` config) that the FSDP2 actor needs on CPU."""
+"""Hydra overrides (against verl's ``ppo_trainer`` config) for the FSDP2 actor on CPU. No KL: a ref model
+is built forward-only and verl then pins its memory, which fails without an accelerator."""
 
 
 class _CpuDeviceModule(types.ModuleType):

@@ -11,7 +11,10 @@ vLLM ``ServerAdapter``, which only talks to a server that is never started here.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 import types
 
@@ -59,20 +62,23 @@ def _compose_config(model_path: str):
 
 @pytest.fixture(scope="module")
 def cpu_actor(tiny_model_qwen25):
-    """(config, worker group) of one CPU FSDP2 ActorRolloutRefWorker in our own Ray cluster."""
+    """(config, worker group) of one CPU FSDP2 ActorRolloutRefWorker.
+
+    Starts its own Ray cluster with one *logical* GPU slot (the legacy ``ResourcePoolManager`` insists on
+    Ray "GPU" resources) unless this process already runs one with a free slot. The platform reaches the
+    worker through ``worker_env`` (verl's per-worker env), so this process's environment stays untouched.
+    """
     import ray
 
     from recipe.nemo_gym import cpu_platform
 
-    if ray.is_initialized():
-        pytest.fail("a Ray cluster is already up in this process; this test needs its own (logical GPU slot)")
-    # Workers get the platform through the job's runtime env; this process's environment stays untouched.
-    ray.init(
-        num_cpus=4,
-        num_gpus=1,  # a *logical* slot: the legacy ResourcePoolManager insists on Ray "GPU" resources
-        include_dashboard=False,
-        runtime_env={"env_vars": dict(cpu_platform.CPU_ENV)},
-    )
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        # address="local": never join another cluster on this machine (``ray start`` leaves
+        # /tmp/ray/ray_current_cluster, which a bare ray.init() would connect to).
+        ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False)
+    elif ray.available_resources().get("GPU", 0) < 1:
+        pytest.fail("this process already runs a Ray cluster without a free (logical) GPU slot; start it with num_gpus")
     try:
         from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
         from verl.single_controller.ray.base import create_colocated_worker_cls
@@ -80,7 +86,7 @@ def cpu_actor(tiny_model_qwen25):
 
         config = _compose_config(str(tiny_model_qwen25))
         role = Role.ActorRollout
-        pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={role: "global_pool"})
+        pools = ResourcePoolManager(resource_pool_spec={"cpu_actor_pool": [1]}, mapping={role: "cpu_actor_pool"})
         pools.create_resource_pool()
         worker_cls = RayClassWithInitArgs(
             cls=ray.remote(cpu_platform.CpuActorRolloutRefWorker),
@@ -92,14 +98,20 @@ def cpu_actor(tiny_model_qwen25):
             resource_pool=pools.get_resource_pool(role),
             ray_cls_with_init=create_colocated_worker_cls({str(role): worker_cls}),
             device_name=config.trainer.device,
+            worker_env=dict(cpu_platform.CPU_ENV),
         )
         worker_group = group.spawn(prefix_set={str(role)})[str(role)]
         started = time.perf_counter()
         worker_group.init_model()
         print(f"init_model: {time.perf_counter() - started:.2f}s")
         yield config, worker_group
+        for worker in group.workers:
+            ray.kill(worker)
+        for pg in pools.get_resource_pool(role).pgs or []:
+            ray.util.remove_placement_group(pg)
     finally:
-        ray.shutdown()
+        if started_ray:
+            ray.shutdown()
 
 
 def _trainer_view(config, worker_group):
@@ -250,3 +262,57 @@ def test_compute_log_prob_matches_hf_and_update_actor_trains(cpu_actor, tiny_mod
     mask = batch.batch["response_mask"].bool()
     surrogate_gain = (advantages * (new_lp - old_lp))[mask].sum().item()
     assert surrogate_gain > 0, surrogate_gain
+
+
+_PROBE = """
+import json
+import verl  # VERL_USE_EXTERNAL_MODULES imports our modules here, before anything resolves the platform
+from verl.plugin.platform import get_platform
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_resource_name
+from verl.workers.engine import EngineRegistry
+
+print(json.dumps({
+    "platform": type(get_platform()).__name__,
+    "device": get_device_name(),
+    "device_id": get_device_id(),
+    "backend": get_nccl_backend(),
+    "ray_resource": get_resource_name(),
+    "engine": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
+    "masked_grpo": get_adv_estimator_fn("masked_grpo").__name__,
+}))
+"""
+
+
+def test_env_alone_selects_the_cpu_platform_in_a_fresh_process():
+    """What every verl process of a CPU run sees with only the environment set (no code of ours called)."""
+    from recipe.nemo_gym import cpu_platform
+
+    env = dict(os.environ)
+    values = cpu_platform.apply_env(env)
+    env["VERL_USE_EXTERNAL_MODULES"] = values["VERL_USE_EXTERNAL_MODULES"] + ",recipe.nemo_gym.advantage"
+    assert values["VERL_USE_EXTERNAL_MODULES"].split(",")[0] == "recipe.nemo_gym.cpu_platform"
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "platform": "PlatformCPU",
+        "device": "cpu",
+        "device_id": "cpu",
+        "backend": "gloo",
+        "ray_resource": "GPU",
+        "engine": "FSDPEngineWithLMHead",
+        "masked_grpo": "compute_masked_grpo_outcome_advantage",
+    }
+
+
+def test_apply_env_keeps_other_external_modules_and_is_idempotent():
+    from recipe.nemo_gym import cpu_platform
+
+    env = {"VERL_USE_EXTERNAL_MODULES": "my.plugin,recipe.nemo_gym.cpu_platform"}
+    cpu_platform.apply_env(env)
+    first = dict(env)
+    cpu_platform.apply_env(env)
+    assert env == first
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "recipe.nemo_gym.cpu_platform,my.plugin"
+    assert env["VERL_PLATFORM"] == "cpu" and env["VERL_ENGINE_DEVICE"] == "cuda"
