@@ -52,7 +52,8 @@ def ray_cluster() -> Iterator[None]:
         return
     # vLLM's CPU KV-cache size in GiB would override --kv-cache-memory-bytes in the actors (inherited env).
     os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    ray.init(num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
+    # address="local": always our own cluster; a bare init() would attach to another test run's cluster on this host.
+    ray.init(address="local", num_cpus=RAY_NUM_CPUS, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:

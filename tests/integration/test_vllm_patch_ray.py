@@ -20,9 +20,9 @@ import pytest
 from nemo_gym_adapter.testing.ray_vllm_fixtures import TEST_MAX_MODEL_LEN, served_model_name
 from nemo_gym_adapter.vllm_patch import apply_patch_to_actors, find_vllm_server_actors
 
-pytestmark = pytest.mark.integration
-
 FAMILIES = ["qwen25", "qwen3", "llama3"]
+# One actor per family (ray_vllm_fixtures.ray_vllm), all tests of a family before the next one starts.
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("ray_vllm", FAMILIES, indirect=True, scope="module")]
 TOOLS = [
     {
         "type": "function",
@@ -133,36 +133,24 @@ class Conversation:
         ]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def patched(request, ray_cluster, tiny_model_dir):
-    """Per family: an actor, the unpatched control conversation, then the patch applied via Ray."""
-    from nemo_gym_adapter.testing.ray_vllm import start_vllm_actor, stop_vllm_actor
-    from nemo_gym_adapter.testing.ray_vllm_fixtures import START_TIMEOUT_S, vllm_args_for
-
-    family = request.param
-    server = start_vllm_actor(
-        str(tiny_model_dir(family)),
-        vllm_args=vllm_args_for(family),
-        name=f"vllm_server_0_0_{family}",
-        timeout=START_TIMEOUT_S,
-    )
-    try:
-        with httpx.Client(timeout=300) as client:
-            t0 = time.monotonic()
-            control = Conversation(server.base_url, family).run(client)
-            control_seconds = time.monotonic() - t0
-        actors = find_vllm_server_actors()
-        reports = apply_patch_to_actors(actors, timeout=120)
-        yield {
-            "family": family,
-            "server": server,
-            "control": control,
-            "control_seconds": control_seconds,
-            "actors": actors,
-            "reports": reports,
-        }
-    finally:
-        stop_vllm_actor(server)
+@pytest.fixture(scope="module")
+def patched(ray_vllm):
+    """Per family (``ray_vllm`` is parametrized below): the unpatched control conversation, then the patch via Ray."""
+    family = ray_vllm.name.rsplit("_", 1)[-1]
+    with httpx.Client(timeout=300) as client:
+        t0 = time.monotonic()
+        control = Conversation(ray_vllm.base_url, family).run(client)
+        control_seconds = time.monotonic() - t0
+    actors = find_vllm_server_actors()
+    reports = apply_patch_to_actors(actors, timeout=120)
+    return {
+        "family": family,
+        "server": ray_vllm,
+        "control": control,
+        "control_seconds": control_seconds,
+        "actors": actors,
+        "reports": reports,
+    }
 
 
 def test_patch_applied_through_ray_to_the_named_actor(patched, record_property):
