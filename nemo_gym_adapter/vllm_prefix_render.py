@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_gym_adapter.splice import stop_positions
+
 
 @dataclass(frozen=True)
 class StopTexts:
@@ -65,21 +67,6 @@ def stop_texts_for(tokenizer: Any, stop_ids: frozenset[int]) -> StopTexts | None
     except TypeError:
         pass
     return result
-
-
-def stop_positions(ids: Sequence[int], stops: set[int] | frozenset[int]) -> list[int]:
-    """Sorted positions of every id in ``stops``: C-level ``list.index`` scans, no Python loop per token."""
-    positions: list[int] = []
-    for stop in stops:
-        start = 0
-        try:
-            while True:
-                start = ids.index(stop, start) + 1
-                positions.append(start - 1)
-        except ValueError:
-            pass
-    positions.sort()
-    return positions
 
 
 def prefix_ids_by_segments(
