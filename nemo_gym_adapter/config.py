@@ -1,0 +1,308 @@
+"""The recipe's typed configuration: our ``nemo_gym:`` section plus the verl keys the adapter depends on.
+
+Validated once, at start-up, before any heavy import (:func:`load_config`); every error names the full dotted key,
+the bad value and the fix, and all problems are reported together. Everything else reads attributes of the returned
+:class:`RecipeConfig` -- no ``cfg.get("key", default)`` chains elsewhere (STYLE.md §3).
+
+``nemo_gym:`` keys (defaults in :class:`NemoGymConfig`)::
+
+    nemo_gym:
+      head_url: null                 # attach to a running Gym (its head server URL) instead of starting one
+      config_paths: [...]            # Gym configs to start (required unless head_url); Gym-relative or local paths
+      add_training_model_config: true   # append Gym's vllm_model_for_training.yaml (token ids on every model call)
+      config_overrides: {}           # merged into Gym's config last, e.g. {<agent>: {responses_api_agents: ...}}
+      hydra_overrides: []            # raw `gym env start` overrides
+      host: null                     # Gym's bind host; null: this node's IP (ray.util.get_node_ip_address())
+      head_port: null                # null: a free port
+      gym_venv: null                 # null: paths.gym_venv() (NGV_GYM_VENV)
+      run_dir: null                  # Gym's logs and pid file; null: logs/gym/<time>-<port>
+      startup_timeout_s: 600
+      attach_timeout_s: 60
+      policy_api_key: EMPTY
+      env: {}                        # extra environment for Gym's processes
+      patch_vllm: true               # apply the token-ID patch inside every vLLM server actor
+      client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
+      trajectory: {contiguity: mask, mask_on_failure_kind: false}
+      metrics: {success_threshold: null}
+
+Resolvers for the shipped configs (:func:`register_resolvers`; registered by ``recipe.nemo_gym.main``):
+``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
+installed Gym, never committed here) and ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on
+first use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from nemo_gym_adapter.errors import AdapterConfigError
+
+SECTION = "nemo_gym"
+MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NemoGymAgentLoopManager"
+DATASET_PATH = "pkg://nemo_gym_adapter.dataset"
+DATASET_NAME = "GymJsonlDataset"
+MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClientSection(_Section):
+    """``nemo_gym.client``: the rollout client (``rollout_client.RolloutClientConfig``)."""
+
+    max_concurrency: int = Field(64, ge=1, description="rollouts in flight at once")
+    timeout_s: float = Field(900.0, gt=0, description="per-rollout deadline")
+    max_connection_retries: int = Field(3, ge=0)
+    retry_backoff_s: float = Field(0.5, ge=0)
+    progress: bool | None = Field(None, description="progress bar; null: only on a TTY")
+
+
+class TrajectorySection(_Section):
+    """``nemo_gym.trajectory``: how Gym results become token trajectories (``trajectory.TrajectoryConfig``)."""
+
+    contiguity: Literal["mask", "truncate", "raise"] = "mask"
+    mask_on_failure_kind: bool = False
+
+
+class MetricsSection(_Section):
+    """``nemo_gym.metrics``: ``metrics.compute_metrics`` options."""
+
+    success_threshold: float | None = None
+
+
+class NemoGymConfig(_Section):
+    """The ``nemo_gym:`` section (see the module docstring for every key)."""
+
+    head_url: str | None = None
+    config_paths: list[str] = Field(default_factory=list)
+    add_training_model_config: bool = True
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    hydra_overrides: list[str] = Field(default_factory=list)
+    host: str | None = None
+    head_port: int | None = Field(None, ge=1, le=65535)
+    gym_venv: str | None = None
+    run_dir: str | None = None
+    startup_timeout_s: float = Field(600.0, gt=0)
+    attach_timeout_s: float = Field(60.0, gt=0)
+    policy_api_key: SecretStr = SecretStr("EMPTY")
+    env: dict[str, str] = Field(default_factory=dict)
+    patch_vllm: bool = True
+    client: ClientSection = Field(default_factory=ClientSection)
+    trajectory: TrajectorySection = Field(default_factory=TrajectorySection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+
+    @field_validator("head_url")
+    @classmethod
+    def _url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} must be an http(s) URL, e.g. http://10.0.0.1:11000")
+        return url.rstrip("/") if url else url
+
+    @model_validator(mode="after")
+    def _start_or_attach(self) -> NemoGymConfig:
+        if self.head_url is None and not self.config_paths:
+            raise ValueError(
+                "config_paths is empty and head_url is null: set nemo_gym.config_paths to the Gym configs to start "
+                "(e.g. [resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml]) or "
+                "nemo_gym.head_url to attach to a running Gym"
+            )
+        if self.head_url is not None and self.config_paths:
+            raise ValueError(
+                f"both head_url ({self.head_url}) and config_paths are set: attaching uses the running Gym's own "
+                "configs; set nemo_gym.config_paths=[] or nemo_gym.head_url=null"
+            )
+        return self
+
+
+class RecipeConfig(BaseModel):
+    """What the manager needs, read once from the whole (verl + ``nemo_gym``) config."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gym: NemoGymConfig
+    prompt_length: int
+    response_length: int
+    max_model_len: int | None
+    temperature: float
+    top_p: float | None
+    val_temperature: float
+    val_top_p: float | None
+    n: int
+    model_path: str
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+_MISSING = object()
+
+
+def _select(cfg: Any, key: str, default: Any = _MISSING) -> Any:
+    """``cfg.<dotted key>`` for an OmegaConf config or nested mappings; ``default`` (or ``_MISSING``) when absent."""
+    node = cfg
+    for part in key.split("."):
+        if node is None:
+            return default
+        try:
+            node = node[part] if part in node else _MISSING
+        except TypeError:
+            return default
+        if node is _MISSING:
+            return default
+    return node
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers → plain Python (resolved); anything else unchanged."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf ships with hydra, a dependency
+        pass
+    return value
+
+
+def _describe(e: ValidationError, prefix: str) -> list[str]:
+    out = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        key = f"{prefix}.{loc}" if loc else prefix
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) or value is None else f"={value!r}"
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append(f"{key}{shown}: {msg}")
+    return out
+
+
+def parse_section(section: Mapping[str, Any] | None) -> NemoGymConfig:
+    """Validate the ``nemo_gym:`` section alone (``None`` counts as empty). Errors name ``nemo_gym.<key>``."""
+    try:
+        return NemoGymConfig.model_validate(dict(_plain(section) or {}))
+    except ValidationError as e:
+        raise AdapterConfigError("invalid recipe config:\n  " + "\n  ".join(_describe(e, SECTION))) from e
+
+
+def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
+    """Validate the whole config once: our section and the verl keys we depend on. Raises ``AdapterConfigError``
+    listing every problem (dotted key, bad value, fix). ``check_files``: also check that data files exist."""
+    problems: list[str] = []
+    try:
+        gym = parse_section(_select(cfg, SECTION, None))
+    except AdapterConfigError as e:
+        problems.extend(line.strip() for line in str(e).splitlines()[1:])
+        gym = None
+
+    def need(key: str, ok: bool, value: Any, fix: str) -> None:
+        if not ok:
+            problems.append(f"{key}={value!r}: {fix}")
+
+    use_v1 = _select(cfg, "trainer.use_v1", True)
+    need("trainer.use_v1", use_v1 is False, use_v1, "the adapter implements verl's legacy padded contract; set false")
+    manager = _select(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", None)
+    need(
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
+        isinstance(manager, str) and manager.rsplit(".", 1)[-1].endswith("AgentLoopManager"),
+        manager,
+        f"set it to {MANAGER_CLASS} (or a subclass)",
+    )
+    name = _select(cfg, "actor_rollout_ref.rollout.name", None)
+    need("actor_rollout_ref.rollout.name", name == "vllm", name, "the token-ID patch is for vLLM; set vllm")
+    estimator = _select(cfg, "algorithm.adv_estimator", None)
+    need(
+        "algorithm.adv_estimator",
+        estimator == MASKED_GRPO,
+        estimator,
+        f"set {MASKED_GRPO}: failed Gym rollouts are masked rows that plain GRPO would count in its group baseline",
+    )
+    custom_path = _select(cfg, "data.custom_cls.path", None)
+    need(
+        "data.custom_cls.path",
+        bool(custom_path),
+        custom_path,
+        f"set {DATASET_PATH} (and data.custom_cls.name={DATASET_NAME}): rows must carry gym_row/gym_env",
+    )
+    ints = {}
+    for key in ("prompt_length", "response_length", "n"):
+        full = f"actor_rollout_ref.rollout.{key}"
+        value = _select(cfg, full, None)
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        need(full, ok, value, "must be an integer >= 1")
+        ints[key] = value if ok else 1
+    max_model_len = _select(cfg, "actor_rollout_ref.rollout.max_model_len", None)
+    need(
+        "actor_rollout_ref.rollout.max_model_len",
+        max_model_len is None or (isinstance(max_model_len, int) and max_model_len >= 2),
+        max_model_len,
+        "must be null (the server's) or an integer >= 2",
+    )
+    sampling = {}
+    for key, full in (
+        ("temperature", "actor_rollout_ref.rollout.temperature"),
+        ("top_p", "actor_rollout_ref.rollout.top_p"),
+        ("val_temperature", "actor_rollout_ref.rollout.val_kwargs.temperature"),
+        ("val_top_p", "actor_rollout_ref.rollout.val_kwargs.top_p"),
+    ):
+        value = _select(cfg, full, None)
+        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
+        need(full, ok and (value is not None or "top_p" in key), value, "must be a number >= 0")
+        sampling[key] = float(value) if ok and value is not None else (None if "top_p" in key else 1.0)
+    model_path = _select(cfg, "actor_rollout_ref.model.path", None)
+    need("actor_rollout_ref.model.path", isinstance(model_path, str) and bool(model_path), model_path, "set a model")
+    if check_files:
+        for key in ("data.train_files", "data.val_files"):
+            files = _plain(_select(cfg, key, None))
+            files = [files] if isinstance(files, str) else list(files or [])
+            need(key, bool(files), files, "set one or more Gym JSONL files")
+            for i, f in enumerate(files):
+                if not Path(str(f)).expanduser().is_file():
+                    problems.append(f"{key}[{i}]={f!r}: no such file; point it at a Gym JSONL file")
+    if problems:
+        raise AdapterConfigError("invalid recipe config:\n  " + "\n  ".join(problems))
+    assert gym is not None  # no problems means the section parsed
+    return RecipeConfig(
+        gym=gym,
+        prompt_length=ints["prompt_length"],
+        response_length=ints["response_length"],
+        n=ints["n"],
+        max_model_len=max_model_len,
+        model_path=str(model_path),
+        **sampling,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- resolvers
+
+
+def gym_example_path(env: str, gym_venv: str | None = None) -> str:
+    """``<Gym install>/resources_servers/<env>/data/example.jsonl`` (raises ``AdapterConfigError`` if absent)."""
+    from nemo_gym_adapter import paths
+    from nemo_gym_adapter.gym_servers import gym_package_root
+
+    root = gym_package_root(Path(gym_venv) if gym_venv else paths.gym_venv())
+    path = root / "resources_servers" / env / "data" / "example.jsonl"
+    if not path.is_file():
+        known = sorted(p.parent.parent.name for p in (root / "resources_servers").glob("*/data/example.jsonl"))
+        raise AdapterConfigError(f"${{ngv_gym_example:{env}}}: Gym has no {path}; environments with examples: {known}")
+    return str(path)
+
+
+def _tiny_model(family: str) -> str:
+    from nemo_gym_adapter.testing.tiny_models import build_tiny_model
+
+    return str(build_tiny_model(family))
+
+
+def register_resolvers() -> None:
+    """Register ``ngv_gym_example`` and ``ngv_tiny_model`` with OmegaConf (idempotent)."""
+    from omegaconf import OmegaConf
+
+    for name, fn in (("ngv_gym_example", gym_example_path), ("ngv_tiny_model", _tiny_model)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn, use_cache=True)

@@ -1,0 +1,176 @@
+"""The recipe config: defaults complete, every error names its full dotted key, the bad value and a fix."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from nemo_gym_adapter.config import (
+    DATASET_NAME,
+    DATASET_PATH,
+    MANAGER_CLASS,
+    NemoGymConfig,
+    RecipeConfig,
+    load_config,
+    parse_section,
+)
+from nemo_gym_adapter.errors import AdapterConfigError
+
+GYM_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    """A minimal valid whole config (the verl keys we read + our section), as plain dicts."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"responses_create_params": {"input": "hi"}, "agent_ref": {"name": "a"}}\n')
+    return {
+        "trainer": {"use_v1": False},
+        "algorithm": {"adv_estimator": "masked_grpo"},
+        "data": {
+            "train_files": [str(data)],
+            "val_files": str(data),
+            "custom_cls": {"path": DATASET_PATH, "name": DATASET_NAME},
+        },
+        "actor_rollout_ref": {
+            "model": {"path": "Qwen/Qwen2.5-1.5B-Instruct"},
+            "rollout": {
+                "name": "vllm",
+                "n": 4,
+                "prompt_length": 256,
+                "response_length": 128,
+                "max_model_len": None,
+                "temperature": 1.0,
+                "top_p": 1,
+                "val_kwargs": {"temperature": 0, "top_p": 1.0},
+                "agent": {"agent_loop_manager_class": MANAGER_CLASS},
+            },
+        },
+        "nemo_gym": {"config_paths": [GYM_CONFIG]},
+    }
+
+
+def _error(cfg) -> str:
+    with pytest.raises(AdapterConfigError) as e:
+        load_config(cfg)
+    return str(e.value)
+
+
+def test_defaults_are_complete():
+    section = parse_section({"config_paths": [GYM_CONFIG]})
+    assert section.head_url is None and section.add_training_model_config and section.patch_vllm
+    assert section.client.max_concurrency == 64 and section.client.timeout_s == 900.0
+    assert section.trajectory.contiguity == "mask" and section.trajectory.mask_on_failure_kind is False
+    assert section.metrics.success_threshold is None
+    assert section.policy_api_key.get_secret_value() == "EMPTY"
+    # every field has a default: only the start-or-attach choice is required
+    required = [name for name, f in NemoGymConfig.model_fields.items() if f.is_required()]
+    assert required == []
+
+
+def test_valid_config_reads_the_verl_keys(cfg):
+    rc = load_config(cfg)
+    assert isinstance(rc, RecipeConfig)
+    assert (rc.prompt_length, rc.response_length, rc.max_model_len, rc.n) == (256, 128, None, 4)
+    assert (rc.temperature, rc.top_p, rc.val_temperature, rc.val_top_p) == (1.0, 1.0, 0.0, 1.0)
+    assert rc.gym.config_paths == [GYM_CONFIG]
+
+
+def test_omegaconf_input_is_accepted(cfg):
+    from omegaconf import OmegaConf
+
+    cfg["actor_rollout_ref"]["rollout"]["response_length"] = "${actor_rollout_ref.rollout.prompt_length}"
+    rc = load_config(OmegaConf.create(cfg))
+    assert rc.response_length == 256
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "fragment"),
+    [
+        ({}, "nemo_gym", "config_paths is empty and head_url is null"),
+        ({"config_paths": [GYM_CONFIG], "head_url": "http://h:1"}, "nemo_gym", "both head_url"),
+        ({"head_url": "h:11000"}, "nemo_gym.head_url='h:11000'", "http(s) URL"),
+        (
+            {"config_paths": [GYM_CONFIG], "client": {"max_concurrency": 0}},
+            "nemo_gym.client.max_concurrency=0",
+            "greater than or equal to 1",
+        ),
+        ({"config_paths": [GYM_CONFIG], "client": {"timout_s": 3}}, "nemo_gym.client.timout_s=3", "Extra inputs"),
+        (
+            {"config_paths": [GYM_CONFIG], "trajectory": {"contiguity": "drop"}},
+            "nemo_gym.trajectory.contiguity",
+            "mask",
+        ),
+        ({"config_paths": [GYM_CONFIG], "head_port": 70000}, "nemo_gym.head_port=70000", "65535"),
+    ],
+)
+def test_section_errors_name_the_dotted_key(cfg, section, key, fragment):
+    cfg["nemo_gym"] = section
+    message = _error(cfg)
+    assert key in message and fragment in message, message
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "key", "fix"),
+    [
+        ("trainer.use_v1", True, "trainer.use_v1=True", "set false"),
+        ("algorithm.adv_estimator", "grpo", "algorithm.adv_estimator='grpo'", "masked_grpo"),
+        ("actor_rollout_ref.rollout.name", "sglang", "actor_rollout_ref.rollout.name='sglang'", "set vllm"),
+        (
+            "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
+            None,
+            "agent_loop_manager_class=None",
+            MANAGER_CLASS,
+        ),
+        ("actor_rollout_ref.rollout.response_length", 0, "actor_rollout_ref.rollout.response_length=0", ">= 1"),
+        ("actor_rollout_ref.rollout.n", "4", "actor_rollout_ref.rollout.n='4'", "integer"),
+        ("actor_rollout_ref.rollout.max_model_len", 1, "actor_rollout_ref.rollout.max_model_len=1", ">= 2"),
+        ("actor_rollout_ref.rollout.temperature", -1, "actor_rollout_ref.rollout.temperature=-1", ">= 0"),
+        ("data.custom_cls.path", None, "data.custom_cls.path=None", DATASET_PATH),
+        ("data.val_files", "/nope.jsonl", "data.val_files[0]='/nope.jsonl'", "no such file"),
+    ],
+)
+def test_verl_key_errors_name_the_dotted_key(cfg, path, value, key, fix):
+    node = cfg
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    message = _error(cfg)
+    assert key in message and fix in message, message
+
+
+def test_all_problems_are_reported_together(cfg):
+    broken = copy.deepcopy(cfg)
+    broken["trainer"]["use_v1"] = True
+    broken["nemo_gym"] = {"config_paths": [GYM_CONFIG], "client": {"max_concurrency": -1}}
+    broken["actor_rollout_ref"]["rollout"]["n"] = 0
+    message = _error(broken)
+    for key in ("trainer.use_v1", "nemo_gym.client.max_concurrency", "actor_rollout_ref.rollout.n"):
+        assert key in message
+
+
+def test_missing_section_is_an_error_not_a_default(cfg):
+    del cfg["nemo_gym"]
+    assert "nemo_gym: config_paths is empty" in _error(cfg)
+
+
+def test_secret_is_not_printed(cfg):
+    cfg["nemo_gym"]["policy_api_key"] = "sk-very-secret"
+    rc = load_config(cfg)
+    assert "sk-very-secret" not in repr(rc) and rc.gym.policy_api_key.get_secret_value() == "sk-very-secret"
+
+
+def test_gym_example_resolver_points_into_the_gym_install(tmp_path, monkeypatch):
+    from nemo_gym_adapter import config
+
+    site = tmp_path / "venv" / "lib" / "python3.13" / "site-packages"
+    (site / "nemo_gym").mkdir(parents=True)
+    example = site / "resources_servers" / "toy" / "data" / "example.jsonl"
+    example.parent.mkdir(parents=True)
+    example.write_text("{}\n")
+    monkeypatch.setenv("NGV_GYM_VENV", str(tmp_path / "venv"))
+    assert config.gym_example_path("toy") == str(example)
+    with pytest.raises(AdapterConfigError, match=r"ngv_gym_example:tyo.*\['toy'\]"):
+        config.gym_example_path("tyo")
