@@ -174,8 +174,12 @@ def session_members(sid: int) -> list[int]:
     return out
 
 
-class _GymLauncher(ManagedProcess):
-    """The ``gym env start`` process; its ``stop`` also sweeps the session (also when run by ``procs.stop_all``)."""
+class SessionProcess(ManagedProcess):
+    """A ManagedProcess whose ``stop`` also kills whatever is left in its session (the Gym launcher, a Ray head).
+
+    Also applies when ``procs.stop_all`` runs it at exit or on SIGTERM. Ray's agents outlive the raylet as orphans
+    that ignore SIGTERM; only the session id still ties them to us.
+    """
 
     stop_timeout_s = 8.0
 
@@ -202,7 +206,7 @@ def _alive(pid: int) -> bool:
 class GymServers:
     """A running NeMo Gym, started by us (:meth:`start`) or attached to (:meth:`attach`). Context manager."""
 
-    def __init__(self, head_url: str, launcher: _GymLauncher | None = None, run_dir: Path | None = None) -> None:
+    def __init__(self, head_url: str, launcher: SessionProcess | None = None, run_dir: Path | None = None) -> None:
         self.head_url = head_url.rstrip("/")
         self._launcher = launcher
         self.run_dir = run_dir
@@ -243,8 +247,12 @@ class GymServers:
                 "RAY_USAGE_STATS_ENABLED": "0",
             }
         )
+        if not spec.ray_head_node_address:
+            # Gym calls ray.init() without an address, which joins the cluster named in /tmp/ray/ray_current_cluster
+            # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one.
+            env["RAY_ADDRESS"] = "local"
         t0 = time.monotonic()
-        launcher = _GymLauncher(name="NeMo Gym launcher", cmd=cmd, log_path=run_dir / "gym.log", env=env, cwd=run_dir)
+        launcher = SessionProcess(name="NeMo Gym launcher", cmd=cmd, log_path=run_dir / "gym.log", env=env, cwd=run_dir)
         launcher.stop_timeout_s = spec.stop_timeout_s
         gym = cls(f"http://{_connect_host(spec.host)}:{head_port}", launcher=launcher, run_dir=run_dir)
         try:

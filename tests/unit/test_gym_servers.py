@@ -40,6 +40,8 @@ FAKE_GYM = textwrap.dedent(
     launch = json.loads(json.loads("[" + paths + "]")[-1] and open(json.loads("[" + paths + "]")[-1]).read())
     host, port = launch["head_server"]["host"], launch["head_server"]["port"]
     mode = os.environ.get("FAKE_GYM_MODE", "ok")
+    if not launch.get("ray_head_node_address") and os.environ.get("RAY_ADDRESS") != "local":
+        sys.exit("ray.init() would join whatever cluster /tmp/ray/ray_current_cluster names")
     print("fake gym starting", mode, flush=True)
     # Like Ray's agents once the raylet is gone: re-parented to init (its parent exits at once), in its own
     # process group, ignoring SIGTERM. Only the launcher's session still leads to it.

@@ -1,0 +1,183 @@
+#!/usr/bin/env python
+"""Time NeMo Gym spin-up (example_single_tool_call + simple_agent + training vllm_model config, prebuilt venvs).
+
+Variants, each run ``--repeat`` times, one Gym alive at a time:
+
+- ``ours``    ``GymServers.start`` (Gym starts its own Ray cluster): what the trainer does by default;
+- ``by-hand`` the same ``gym env start`` typed by hand (hydra overrides, no wrapper), timed to head ``/health`` 200:
+              the baseline for our wrapper's overhead;
+- ``ray-up``  ``GymServers.start`` with ``ray_head_node_address`` of a Ray head (Gym's venv, no dashboard) that is
+              already running: what a pre-started Ray saves. Ray's own start is printed separately.
+
+Without ``--vllm`` Gym is pointed at a dead model URL and told not to wait for it, so only Gym is timed. With
+``--vllm`` a tiny-qwen25 vLLM is started first (timed) and one ``/run`` is timed on every Gym.
+
+    .venv/bin/python scripts/bench_gym_spinup.py [--repeat 2] [--variants ours,by-hand,ray-up] [--vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nemo_gym_adapter import paths  # noqa: E402
+from nemo_gym_adapter.gym_servers import GymServers, SessionProcess  # noqa: E402
+from nemo_gym_adapter.procs import free_port  # noqa: E402
+from nemo_gym_adapter.testing.gym_fixtures import (  # noqa: E402
+    SINGLE_TOOL_CALL_AGENT,
+    SINGLE_TOOL_CALL_CONFIG,
+    example_rows,
+    single_tool_call_spec,
+)
+
+TRAINING_MODEL = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
+NO_MODEL_WAIT = {"model_endpoint_readiness_timeout_seconds": 0}
+
+
+def _post_run(url: str) -> float:
+    row = example_rows()[0]
+    row = {**row, "responses_create_params": {**row["responses_create_params"], "max_output_tokens": 16}}
+    req = urllib.request.Request(url, data=json.dumps(row).encode(), headers={"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        json.loads(r.read())
+    return time.monotonic() - t0
+
+
+def bench_ours(base_url: str, model: str, ray_address: str | None, with_run: bool) -> tuple[float, float | None]:
+    spec = single_tool_call_spec(
+        [base_url],
+        model,
+        startup_timeout_s=600,
+        ray_head_node_address=ray_address,
+        config_overrides={} if with_run else NO_MODEL_WAIT,
+    )
+    with GymServers.start(spec) as gym:
+        run_s = _post_run(gym.run_url(SINGLE_TOOL_CALL_AGENT)) if with_run else None
+        return gym.startup_seconds, run_s
+
+
+def bench_by_hand(base_url: str, model: str) -> float:
+    """`gym env start` with hydra overrides, as a user would type it; timed until the head reports ready."""
+    port = free_port()
+    run_dir = paths.logs_dir() / "gym" / f"bench-by-hand-{port}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    gym_venv = paths.gym_venv()
+    cmd = [
+        str(gym_venv / "bin" / "gym"),
+        "env",
+        "start",
+        f"+config_paths=[{SINGLE_TOOL_CALL_CONFIG},{TRAINING_MODEL}]",
+        f"+policy_base_url=[{base_url}]",
+        "+policy_api_key=EMPTY",
+        f"+policy_model_name={model}",
+        f"+head_server={{host: 127.0.0.1, port: {port}}}",
+        f"+uv_venv_dir={paths.gym_server_venvs_dir()}",
+        "+skip_venv_if_present=true",
+        "++model_endpoint_readiness_timeout_seconds=0",
+        f"++{SINGLE_TOOL_CALL_AGENT}.responses_api_agents.simple_agent.max_steps=3",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["RAY_ADDRESS"] = "local"  # see gym_servers: never join a cluster found in /tmp/ray
+    t0 = time.monotonic()
+    proc = SessionProcess("gym env start (by hand)", cmd, run_dir / "gym.log", env=env, cwd=run_dir)
+    try:
+        proc.wait_http_ready(f"http://127.0.0.1:{port}/health", timeout=600, interval=0.25)
+        return time.monotonic() - t0
+    finally:
+        proc.stop()
+
+
+@contextlib.contextmanager
+def ray_head():
+    """A Ray head from Gym's venv (Gym needs its own Python version), no dashboard; yields (address, start s)."""
+    port, client_port = free_port(), free_port()
+    log = paths.logs_dir() / "gym" / f"bench-ray-head-{port}.log"
+    cmd = [
+        str(paths.gym_venv() / "bin" / "ray"),
+        "start",
+        "--head",
+        "--block",
+        f"--port={port}",
+        f"--ray-client-server-port={client_port}",
+        "--include-dashboard=false",
+        "--num-cpus=2",
+        "--disable-usage-stats",
+        # its own temp dir: `ray start` records its address in <temp dir>/ray_current_cluster, where every plain
+        # ray.init() on this machine (colleagues' too) would find and join it -- or hang on it once it is gone
+        f"--temp-dir={tempfile.gettempdir()}/ray-ngv-{port}",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAY_ADDRESS")}
+    t0 = time.monotonic()
+    proc = SessionProcess("Ray head (Gym venv)", cmd, log, env=env)
+    try:
+        while "Ray runtime started" not in proc.tail(200):
+            if not proc.alive() or time.monotonic() - t0 > 300:
+                raise proc.fail("Ray head did not start")
+            time.sleep(0.25)
+        address = re.search(r"ray start --address='([^']+)'", proc.tail(200)).group(1)
+        yield address, time.monotonic() - t0
+    finally:
+        proc.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--variants", default="ours,by-hand,ray-up")
+    parser.add_argument("--vllm", action="store_true", help="serve the tiny model and time one /run per Gym")
+    args = parser.parse_args(argv)
+    variants = args.variants.split(",")
+
+    results: dict[str, list[float]] = {v: [] for v in variants}
+    runs: list[float] = []
+    with contextlib.ExitStack() as stack:
+        if args.vllm:
+            from nemo_gym_adapter.testing.tiny_models import build_tiny_model
+            from nemo_gym_adapter.testing.vllm_fixtures import start_vllm_server
+
+            vllm = stack.enter_context(start_vllm_server(build_tiny_model("qwen25")))
+            base_url, model = vllm.base_url, vllm.model_name
+            print(f"vLLM (tiny qwen25) ready in {vllm.start_seconds:.1f} s", flush=True)
+        else:
+            base_url, model = f"http://127.0.0.1:{free_port()}/v1", "none"
+        for i in range(args.repeat):
+            for variant in variants:
+                load = os.getloadavg()[0]
+                if variant == "ours":
+                    secs, run_s = bench_ours(base_url, model, None, args.vllm)
+                elif variant == "by-hand":
+                    secs, run_s = bench_by_hand(base_url, model), None
+                elif variant == "ray-up":
+                    with ray_head() as (address, ray_s):
+                        print(f"  (Ray head from Gym's venv started in {ray_s:.1f} s at {address})", flush=True)
+                        secs, run_s = bench_ours(base_url, model, address, args.vllm)
+                else:
+                    parser.error(f"unknown variant {variant!r}")
+                results[variant].append(secs)
+                if run_s is not None:
+                    runs.append(run_s)
+                extra = f", one /run {run_s:.2f} s" if run_s is not None else ""
+                print(f"[{i + 1}/{args.repeat}] {variant:8s} spin-up {secs:6.1f} s (load avg {load:.1f}){extra}")
+    print("\nGym spin-up with prebuilt venvs (goal <= 15 s on an idle machine):")
+    for variant, secs in results.items():
+        if secs:
+            print(f"  {variant:8s} median {statistics.median(secs):6.1f} s  over {len(secs)} run(s): {secs}")
+    if runs:
+        print(f"  one /run (tiny model, 16 tokens): median {statistics.median(runs):.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

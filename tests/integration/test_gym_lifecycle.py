@@ -1,0 +1,223 @@
+"""Lifecycle of a real NeMo Gym started through GymServers: failures are named, nothing outlives teardown.
+
+No vLLM needed: Gym is pointed at a dead model URL and told not to wait for it
+(``model_endpoint_readiness_timeout_seconds: 0``), except where waiting for it is the point. Processes are checked
+by pid -- the launcher, every server, and the Ray cluster Gym starts (gcs_server, raylet and the agents that Ray
+re-parents to init when the raylet dies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
+from nemo_gym_adapter.gym_servers import GymServers, session_members
+from nemo_gym_adapter.procs import free_port
+from nemo_gym_adapter.testing.gym_fixtures import single_tool_call_spec
+
+pytestmark = pytest.mark.integration
+
+NO_MODEL_WAIT = {"model_endpoint_readiness_timeout_seconds": 0}
+START_TIMEOUT_S = 400.0  # a shared 2-core machine under load has taken ~100 s for a spin-up that is ~10 s idle
+
+
+def _dead_url() -> str:
+    return f"127.0.0.1:{free_port()}"
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _wait_gone(pids, timeout: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _cmdlines(pids) -> str:
+    out = []
+    for pid in pids:
+        try:
+            out.append(" ".join(psutil.Process(pid).cmdline()))
+        except psutil.Error:
+            pass
+    return "\n".join(out)
+
+
+class PidRecorder:
+    """Records every process that appears below this process (and in the sessions they lead) while active.
+
+    Processes that existed before (e.g. a session-scoped vLLM) are ignored, so only what the code under test
+    started is checked.
+    """
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self._before = {p.pid for p in psutil.Process().children(recursive=True)}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _snapshot(self) -> None:
+        for child in psutil.Process().children(recursive=True):
+            if child.pid in self._before:
+                continue
+            self.seen.add(child.pid)
+            try:
+                if os.getsid(child.pid) == child.pid:
+                    self.seen.update(session_members(child.pid))
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._snapshot()
+            time.sleep(0.2)
+
+    def __enter__(self) -> PidRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_missing_config_path_fails_before_starting_anything(tmp_path):
+    spec = single_tool_call_spec([_dead_url()], "m", run_dir=tmp_path / "run")
+    spec = spec.model_copy(update={"config_paths": [*spec.config_paths, "resources_servers/nope/configs/nope.yaml"]})
+    with PidRecorder() as rec, pytest.raises(AdapterConfigError, match=r"gym\.config_paths\[2\].*nope\.yaml"):
+        GymServers.start(spec)
+    assert rec.seen == set()
+
+
+def test_config_error_inside_gym_is_reported_with_its_log(tmp_path):
+    # The file exists (our check passes) but names a config Gym cannot find: Gym's own parser fails.
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("config_paths:\n  - resources_servers/nope/configs/nope.yaml\n")
+    spec = single_tool_call_spec([_dead_url()], "m", run_dir=tmp_path / "run", startup_timeout_s=START_TIMEOUT_S)
+    spec = spec.model_copy(update={"config_paths": [*spec.config_paths, str(broken)]})
+    t0 = time.monotonic()
+    with PidRecorder() as rec, pytest.raises(GymServerError) as e:
+        GymServers.start(spec)
+    assert time.monotonic() - t0 < START_TIMEOUT_S
+    assert "exited with code" in str(e.value) and "nope.yaml" in str(e.value)  # Gym's message, from the log tail
+    assert rec.seen and _wait_gone(rec.seen) == []
+
+
+def test_crashing_server_is_named_with_its_log_tail(tmp_path):
+    # vllm_model rejects this combination when it starts: the server process exits, Gym's launcher follows.
+    crash = {
+        "policy_model": {
+            "responses_api_models": {
+                "vllm_model": {"supply_prefix_token_ids": True, "return_token_id_information": False}
+            }
+        }
+    }
+    spec = single_tool_call_spec(
+        [_dead_url()],
+        "m",
+        run_dir=tmp_path / "run",
+        startup_timeout_s=START_TIMEOUT_S,
+        config_overrides={**NO_MODEL_WAIT, **crash},
+    )
+    t0 = time.monotonic()
+    with PidRecorder() as rec, pytest.raises(GymServerError) as e:
+        GymServers.start(spec)
+    assert time.monotonic() - t0 < START_TIMEOUT_S
+    msg = str(e.value)
+    assert "crashed: policy_model" in msg
+    assert "supply_prefix_token_ids" in msg  # the crashed server's own log tail
+    assert rec.seen
+    assert _wait_gone(rec.seen) == []
+
+
+@pytest.mark.slow
+def test_never_ready_raises_within_the_timeout_naming_what_is_missing(tmp_path):
+    dead = _dead_url()
+    spec = single_tool_call_spec([dead], "m", run_dir=tmp_path / "run", startup_timeout_s=30)  # waits for the model
+    t0 = time.monotonic()
+    with PidRecorder() as rec, pytest.raises(GymServerError, match="not ready after 30s") as e:
+        GymServers.start(spec)
+    assert time.monotonic() - t0 < 30 + 30  # + teardown
+    msg = str(e.value)
+    named = [n for n in (f"http://{dead}/v1", "policy_model", "example_single_tool_call") if n in msg.split("\n")[0]]
+    assert named, msg  # the culprit: the dead model endpoint, or servers still starting on a slow machine
+    assert _wait_gone(rec.seen) == []
+
+
+def test_context_exit_on_exception_stops_every_pid_and_attach_never_stops(tmp_path):
+    spec = single_tool_call_spec(
+        [_dead_url()], "m", run_dir=tmp_path / "run", startup_timeout_s=START_TIMEOUT_S, config_overrides=NO_MODEL_WAIT
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        with GymServers.start(spec) as gym:
+            pids = gym.pids()
+            assert "raylet" in _cmdlines(pids) and "gcs_server" in _cmdlines(pids)  # Ray's tree is tracked
+            with GymServers.attach(gym.head_url) as attached:
+                assert not attached.owned
+                assert set(attached.server_instances()) == set(gym.server_instances())
+            GymServers.attach(gym.head_url, timeout=5)  # still ready after the attached one was "closed"
+            assert _alive([gym._launcher.pid])
+            raise RuntimeError("boom")
+    assert _wait_gone(pids) == [], _cmdlines(_alive(pids))
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    from nemo_gym_adapter.gym_servers import GymLaunchSpec, GymServers
+    gym = GymServers.start(GymLaunchSpec.model_validate_json(sys.argv[1]))
+    print(json.dumps({"head_url": gym.head_url, "pids": sorted(gym.pids())}), flush=True)
+    time.sleep(900)
+    """
+)
+
+
+def test_sigterm_to_the_trainer_stops_gym_and_ray(tmp_path):
+    spec = single_tool_call_spec(
+        [_dead_url()], "m", run_dir=tmp_path / "run", startup_timeout_s=START_TIMEOUT_S, config_overrides=NO_MODEL_WAIT
+    )
+    spec_json = spec.model_dump_json(exclude={"policy_api_key"})
+    child = subprocess.Popen([sys.executable, "-c", CHILD, spec_json], stdout=subprocess.PIPE, text=True)
+    try:
+        with PidRecorder() as rec:
+            line = _readline(child, timeout=START_TIMEOUT_S + 30)
+            info = json.loads(line)
+            GymServers.attach(info["head_url"], timeout=10)
+            assert "raylet" in _cmdlines(info["pids"])
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(timeout=60) == -signal.SIGTERM
+        pids = set(info["pids"]) | rec.seen
+        assert _wait_gone(pids) == [], _cmdlines(_alive(pids))
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not out or not out[0]:
+        raise AssertionError(f"child did not report a started Gym within {timeout}s (exit code {proc.poll()})")
+    return out[0]
