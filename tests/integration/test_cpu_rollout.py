@@ -52,7 +52,8 @@ def _compose_config(model_path: str):
         f"{rollout}.name=vllm",
         f"{rollout}.tensor_model_parallel_size=1",
         f"{rollout}.dtype=float32",
-        f"{rollout}.load_format=auto",
+        # load_format stays verl's default "dummy": the engine starts on random weights and, as in
+        # RayPPOTrainer.fit, only weight syncs give it real ones (every weight test pushes what it needs first).
         f"{rollout}.max_model_len=1024",
         f"{rollout}.prompt_length=256",
         f"{rollout}.response_length=32",
