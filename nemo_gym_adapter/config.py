@@ -27,8 +27,8 @@ the bad value and the fix, and all problems are reported together. Everything el
 
 Resolvers for the shipped configs (:func:`register_resolvers`; registered by ``recipe.nemo_gym.main``):
 ``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
-installed Gym, never committed here) and ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on
-first use).
+installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
+``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use).
 """
 
 from __future__ import annotations
@@ -142,19 +142,37 @@ class RecipeConfig(BaseModel):
 _MISSING = object()
 
 
-def _select(cfg: Any, key: str, default: Any = _MISSING) -> Any:
-    """``cfg.<dotted key>`` for an OmegaConf config or nested mappings; ``default`` (or ``_MISSING``) when absent."""
+def _select(cfg: Any, key: str, default: Any = _MISSING, *, resolve: bool = True) -> Any:
+    """``cfg.<dotted key>`` for an OmegaConf config or nested mappings; ``default`` (or ``_MISSING``) when absent.
+
+    ``resolve=False`` returns an interpolation's text instead of resolving it (e.g. ``${ngv_tiny_model:qwen25}``
+    would build a model, which config validation must not wait for).
+    """
     node = cfg
-    for part in key.split("."):
-        if node is None:
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = _child(node, part)
+        if node is _MISSING or node is None:
             return default
-        try:
-            node = node[part] if part in node else _MISSING
-        except TypeError:
-            return default
-        if node is _MISSING:
-            return default
-    return node
+    if not resolve and _is_interpolation(node, leaf):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(node, resolve=False)[leaf]
+    node = _child(node, leaf)
+    return default if node is _MISSING else node
+
+
+def _child(node: Any, part: str) -> Any:
+    try:
+        return node[part] if part in node else _MISSING
+    except TypeError:
+        return _MISSING
+
+
+def _is_interpolation(node: Any, leaf: str) -> bool:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.is_config(node) and leaf in node and OmegaConf.is_interpolation(node, leaf)
 
 
 def _plain(value: Any) -> Any:
@@ -253,7 +271,7 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
         need(full, ok and (value is not None or "top_p" in key), value, "must be a number >= 0")
         sampling[key] = float(value) if ok and value is not None else (None if "top_p" in key else 1.0)
-    model_path = _select(cfg, "actor_rollout_ref.model.path", None)
+    model_path = _select(cfg, "actor_rollout_ref.model.path", None, resolve=False)
     need("actor_rollout_ref.model.path", isinstance(model_path, str) and bool(model_path), model_path, "set a model")
     if check_files:
         for key in ("data.train_files", "data.val_files"):
@@ -293,6 +311,16 @@ def gym_example_path(env: str, gym_venv: str | None = None) -> str:
     return str(path)
 
 
+def configs_path(relative: str) -> str:
+    """A file shipped in the checkout's ``configs/`` directory, as an absolute path (hydra keeps the user's cwd)."""
+    from nemo_gym_adapter import paths
+
+    path = paths.REPO_ROOT / "configs" / relative
+    if not path.exists():
+        raise AdapterConfigError(f"${{ngv_configs:{relative}}}: {path} does not exist")
+    return str(path)
+
+
 def _tiny_model(family: str) -> str:
     from nemo_gym_adapter.testing.tiny_models import build_tiny_model
 
@@ -300,9 +328,13 @@ def _tiny_model(family: str) -> str:
 
 
 def register_resolvers() -> None:
-    """Register ``ngv_gym_example`` and ``ngv_tiny_model`` with OmegaConf (idempotent)."""
+    """Register ``ngv_gym_example``, ``ngv_configs`` and ``ngv_tiny_model`` with OmegaConf (idempotent)."""
     from omegaconf import OmegaConf
 
-    for name, fn in (("ngv_gym_example", gym_example_path), ("ngv_tiny_model", _tiny_model)):
+    for name, fn in (
+        ("ngv_gym_example", gym_example_path),
+        ("ngv_configs", configs_path),
+        ("ngv_tiny_model", _tiny_model),
+    ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)

@@ -1,0 +1,167 @@
+"""Hydra entry point: GRPO in verl 0.9.1 on NeMo Gym environments.
+
+    python -m recipe.nemo_gym.main                                   # configs/nemo_gym_cpu.yaml: tiny model, CPU
+    python -m recipe.nemo_gym.main --config-name nemo_gym_single_env actor_rollout_ref.model.path=/models/qwen ...
+    python -m recipe.nemo_gym.main --config-name nemo_gym_multi_env ...
+
+The configs (``configs/``) compose verl's own ``ppo_trainer`` config with our ``nemo_gym:`` section; every verl key
+can be overridden as usual. The run, in order:
+
+1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``), before any heavy
+   import: a config error answers in about a second, naming the dotted key, the bad value and the fix (exit 2);
+2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
+   where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``) are registered;
+3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.task_runner.NemoGymTaskRunner`: verl starts Ray, the actor
+   workers and the vLLM replicas; our manager (``recipe.nemo_gym.agent_loop``) patches the replicas, starts Gym in
+   front of them and serves every ``generate_sequences``;
+4. always: sweep Gym's processes by the pid file the manager leaves while Gym runs (in case the TaskRunner was
+   killed outright) and shut Ray down. SIGTERM takes the same path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from nemo_gym_adapter import paths
+from nemo_gym_adapter.config import load_config, register_resolvers
+from nemo_gym_adapter.errors import AdapterConfigError
+
+logger = logging.getLogger(__name__)
+
+CONFIG_DIR = str(paths.REPO_ROOT / "configs")
+DEFAULT_CONFIG = "nemo_gym_cpu"
+PID_FILE = "gym.pid"  # = recipe.nemo_gym.agent_loop.PID_FILE (not imported: that module imports verl)
+
+# Hydra composes the config before calling main(); the resolvers must exist by the time anything reads it.
+register_resolvers()
+
+
+def run(cfg: DictConfig) -> int:
+    """Validate, then train. Returns the process exit status (2: invalid config)."""
+    try:
+        load_config(cfg)
+    except AdapterConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    run_dir = _prepare_run_dir(cfg)
+    _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
+    OmegaConf.resolve(cfg)  # our resolvers exist only in this process; verl's TaskRunner gets plain values
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        from verl.trainer.main_ppo import run_ppo
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+        from verl.utils.device import auto_set_device
+
+        from recipe.nemo_gym.task_runner import NemoGymTaskRunner
+
+        auto_set_device(cfg)
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+        run_ppo(cfg, task_runner_class=NemoGymTaskRunner)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sweep_gym(run_dir)
+        _shutdown_ray()
+    return 0
+
+
+def _prepare_run_dir(cfg: DictConfig) -> Path | None:
+    """Gym's run directory (its logs and the manager's pid file); chosen here so the driver knows where to look."""
+    if cfg.nemo_gym.get("head_url"):
+        return None  # attached: not ours to stop
+    if not cfg.nemo_gym.get("run_dir"):
+        with open_dict(cfg):
+            cfg.nemo_gym.run_dir = str(paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    return Path(cfg.nemo_gym.run_dir)
+
+
+def _apply_runtime_env(cfg: DictConfig) -> None:
+    """The driver gets the environment the config gives every Ray worker (e.g. the CPU platform plugin)."""
+    env_vars = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
+    for key, value in OmegaConf.to_container(env_vars, resolve=True).items():
+        os.environ[str(key)] = str(value)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through run()'s finally: Gym swept, Ray shut down
+
+
+def sweep_gym(run_dir: Path | None) -> list[int]:
+    """Stop whatever Gym processes the manager recorded and did not stop itself; return the pids stopped.
+
+    The manager removes the pid file when it stops Gym, so normally there is nothing to do. Pids are checked
+    against the recorded session ids, never matched by name.
+    """
+    record_path = run_dir / PID_FILE if run_dir is not None else None
+    if record_path is None or not record_path.is_file():
+        return []
+    from nemo_gym_adapter.gym_servers import session_members
+    from nemo_gym_adapter.procs import kill_tree
+
+    try:
+        record = json.loads(record_path.read_text())
+    except ValueError:
+        logger.warning("unreadable Gym pid file %s; nothing swept", record_path)
+        return []
+    sessions = {int(s) for s in record.get("sessions", [])}
+    leftovers = {p for s in sessions for p in session_members(s)}
+    for pid in record.get("pids", []):
+        try:
+            if os.getsid(int(pid)) in sessions:
+                leftovers.add(int(pid))
+        except OSError:
+            continue
+    if leftovers:
+        logger.warning("stopping %d Gym process(es) left behind: %s", len(leftovers), sorted(leftovers))
+        kill_tree(sorted(leftovers), timeout=5.0)
+    record_path.unlink(missing_ok=True)
+    return sorted(leftovers)
+
+
+def _shutdown_ray() -> None:
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def verl_config_dir() -> Path:
+    """verl's hydra config tree, found without importing verl (its import takes ~10 s: torch, tensordict)."""
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise AdapterConfigError("verl is not installed in this Python; run scripts/setup.sh (or pip install verl)")
+    return Path(spec.submodule_search_locations[0]) / "trainer" / "config"
+
+
+def with_verl_searchpath(argv: list[str]) -> list[str]:
+    """``argv`` plus ``hydra.searchpath=[file://<verl config dir>]`` unless the user set a search path.
+
+    Not ``pkg://verl.trainer.config`` in the YAML files: hydra would import verl to read it, before validation.
+    """
+    if any(a.lstrip("+").startswith("hydra.searchpath") for a in argv):
+        return argv
+    return [*argv, f"hydra.searchpath=[file://{verl_config_dir()}]"]
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name=DEFAULT_CONFIG, version_base=None)
+def main(cfg: DictConfig) -> None:
+    status = run(cfg)
+    if status:
+        sys.exit(status)
+
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *with_verl_searchpath(sys.argv[1:])]
+    main()

@@ -1,0 +1,148 @@
+"""verl's legacy TaskRunner and PPO trainer, with the three things NeMo Gym training needs on top.
+
+``python -m recipe.nemo_gym.main`` runs :data:`NemoGymTaskRunner` through verl's own ``run_ppo`` (Ray init, one
+TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
+
+1. ``masked_grpo`` is registered in this process (verl computes advantages in the TaskRunner, a Ray actor, so
+   registering it in the driver is not enough): importing :mod:`recipe.nemo_gym.advantage` does it.
+2. On CPU (``trainer.device=cpu``) the actor role maps to ``cpu_platform.CpuActorRolloutRefWorker`` (plain gloo
+   process group; see CPU_NOTES.md). On GPU verl's own worker is used unchanged.
+3. The trainer is :class:`NemoGymPPOTrainer`: verl's ``RayPPOTrainer`` plus the logprob gap between the rollout
+   (vLLM, as returned by Gym) and the actor's recomputation, logged every step as ``onpolicy/*`` (see
+   :func:`logprob_gap_metrics`); and the rollout manager is shut down (Gym stopped) when training ends or fails.
+
+verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
+``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
+token-level mean |Δ logprob| and a K3 estimate over exactly the trained tokens, and also works when every sample of a
+step is masked (reported as NaN, not a crash).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import ray
+import torch
+from omegaconf import OmegaConf
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
+
+logger = logging.getLogger(__name__)
+
+
+def logprob_gap_metrics(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, prefix: str = "onpolicy"
+) -> dict[str, float]:
+    """Rollout-vs-trainer logprob gap over the sampled tokens (``response_mask == 1``); all inputs ``(B, R)``.
+
+    * ``logprob_abs_diff_mean`` / ``_max``: |log π_rollout − log π_train| per token;
+    * ``kl_k3``: E_rollout[r − log r − 1] with r = π_train / π_rollout, the K3 estimate of KL(π_rollout ‖ π_train)
+      (NeMo RL's ``gen_kl_error`` is this quantity);
+    * ``kl_k1``: E_rollout[log π_rollout − log π_train];
+    * ``num_tokens``: how many tokens these are. NaN metrics (and 0 tokens) when the batch has none.
+    """
+    mask = response_mask.bool()
+    n = int(mask.sum().item())
+    if n == 0:
+        nan = float("nan")
+        return {f"{prefix}/{k}": nan for k in ("logprob_abs_diff_mean", "logprob_abs_diff_max", "kl_k3", "kl_k1")} | {
+            f"{prefix}/num_tokens": 0.0
+        }
+    delta = (old_log_probs.float() - rollout_log_probs.float())[mask]  # log r
+    return {
+        f"{prefix}/logprob_abs_diff_mean": delta.abs().mean().item(),
+        f"{prefix}/logprob_abs_diff_max": delta.abs().max().item(),
+        f"{prefix}/kl_k3": (torch.exp(delta) - delta - 1).mean().item(),
+        f"{prefix}/kl_k1": (-delta).mean().item(),
+        f"{prefix}/num_tokens": float(n),
+    }
+
+
+class NemoGymPPOTrainer(RayPPOTrainer):
+    """verl's legacy trainer plus ``onpolicy/*`` metrics (reported with the actor update's own metrics)."""
+
+    def _update_actor(self, batch: Any) -> Any:
+        gap = None
+        if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
+            gap = logprob_gap_metrics(
+                batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"]
+            )
+        output = super()._update_actor(batch)
+        if gap is not None:
+            # The trainer reduces these lists (mean; max for keys containing "max") and logs them this step.
+            output.meta_info["metrics"].update({k: [v] for k, v in gap.items()})
+        return output
+
+
+class NemoGymTaskRunnerImpl(BaseTaskRunner):
+    """verl's TaskRunner sequence (roles → datasets → trainer → workers → fit) with the changes in the module doc."""
+
+    def add_actor_rollout_worker(self, config: Any) -> tuple[type, type]:
+        actor_cls, group_cls = super().add_actor_rollout_worker(config)
+        if config.trainer.device == "cpu":
+            from recipe.nemo_gym.cpu_platform import CpuActorRolloutRefWorker
+
+            for role in list(self.role_worker_mapping):
+                if self.role_worker_mapping[role].__ray_actor_class__ is actor_cls:
+                    self.role_worker_mapping[role] = ray.remote(CpuActorRolloutRefWorker)
+            actor_cls = CpuActorRolloutRefWorker
+        return actor_cls, group_cls
+
+    def run(self, config: Any) -> None:
+        from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
+        from verl.utils.config import omega_conf_to_dataclass, validate_config
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.workers.config import HFModelConfig
+
+        print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
+        OmegaConf.resolve(config)
+        actor_cls, group_cls = self.add_actor_rollout_worker(config)
+        self.add_critic_worker(config)
+        self.add_reward_model_resource_pool(config)
+        self.add_teacher_model_resource_pool(config)
+        self.add_ref_policy_worker(config, actor_cls)
+        validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
+
+        model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model, dataclass_type=HFModelConfig)
+        tokenizer, processor = model_config.tokenizer, model_config.processor
+        datasets = {
+            split: create_rl_dataset(
+                config.data[f"{split}_files"],
+                config.data,
+                tokenizer,
+                processor,
+                is_train=split == "train",
+                max_samples=config.data.get(f"{split}_max_samples", -1),
+            )
+            for split in ("train", "val")
+        }
+        trainer = NemoGymPPOTrainer(
+            config=config,
+            tokenizer=tokenizer,
+            processor=processor,
+            role_worker_mapping=self.role_worker_mapping,
+            resource_pool_manager=self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=group_cls,
+            train_dataset=datasets["train"],
+            val_dataset=datasets["val"],
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(config.data, datasets["train"]),
+        )
+        try:
+            trainer.init_workers()
+            trainer.fit()
+        finally:
+            manager = getattr(trainer, "async_rollout_manager", None)
+            if manager is not None and hasattr(manager, "shutdown"):
+                manager.shutdown()
+
+
+NemoGymTaskRunner = ray.remote(NemoGymTaskRunnerImpl)
+"""The Ray actor class ``run_ppo(config, task_runner_class=NemoGymTaskRunner)`` expects."""
