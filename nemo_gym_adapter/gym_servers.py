@@ -251,6 +251,10 @@ class GymServers:
             # Gym calls ray.init() without an address, which joins the cluster named in /tmp/ray/ray_current_cluster
             # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one.
             env["RAY_ADDRESS"] = "local"
+        elif "RAY_AUTH_MODE" not in env and (Path.home() / ".ray" / "auth_token").exists():
+            # `ray start` (Ray >= 2.5x) enables token auth and writes this token, but a process that only connects
+            # stays in "disabled" mode and is refused; say "token" like the cluster (override via spec.env).
+            env["RAY_AUTH_MODE"] = "token"
         t0 = time.monotonic()
         launcher = SessionProcess(name="NeMo Gym launcher", cmd=cmd, log_path=run_dir / "gym.log", env=env, cwd=run_dir)
         launcher.stop_timeout_s = spec.stop_timeout_s
@@ -403,7 +407,8 @@ class GymServers:
         if crashed:
             culprits, detail = crashed, "crashed"
         elif not _answers(f"{self.head_url}/health"):
-            culprits, detail = [], "head server not up (config error? see launcher log)"
+            state = "still starting (parsing config, starting Ray)" if launcher.alive() else "gone (config error?)"
+            culprits, detail = ["head server"], f"launcher {state}; not up"
         else:
             culprits = [n for n in self._unready_instances() if n != "head server"]
             detail = "not answering"

@@ -1,6 +1,6 @@
 """NeMo Gym fixtures for integration tests (pytest plugin loaded by tests/conftest.py).
 
-``gym_single_tool_call`` (session scope) is a real Gym -- ``example_single_tool_call`` + ``simple_agent`` +
+``gym_single_tool_call`` (module scope) is a real Gym -- ``example_single_tool_call`` + ``simple_agent`` +
 ``vllm_model_for_training.yaml`` -- in front of the ``vllm_server`` fixture (tiny qwen25), with prebuilt venvs
 (``scripts/prepare_gym_venvs.py``). It yields a :class:`~nemo_gym_adapter.gym_servers.GymServers`; rows go to
 ``gym.run_url(SINGLE_TOOL_CALL_AGENT)``. ``simple_agent.max_steps`` is capped at :data:`MAX_STEPS` because a random
@@ -67,9 +67,14 @@ def forced_tool_call_row(
     return {**row, "responses_create_params": params}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gym_single_tool_call(vllm_server) -> Iterator[GymServers]:
-    """A real Gym (example_single_tool_call) in front of ``vllm_server``; stopped (whole pid tree) at session end."""
-    spec = single_tool_call_spec([vllm_server.base_url], vllm_server.model_name)
+    """A real Gym (example_single_tool_call) in front of ``vllm_server``; stopped (whole pid tree) after the module.
+
+    Module scope, so modules that start Gyms of their own never run next to this one (one Gym at a time: ~2 GB
+    with its Ray cluster)."""
+    # Two replica URLs (the same server under two names) so the multi-replica path of vllm_model is exercised.
+    replicas = [vllm_server.base_url, vllm_server.base_url.replace("127.0.0.1", "localhost")]
+    spec = single_tool_call_spec(replicas, vllm_server.model_name)
     with GymServers.start(spec) as gym:
         yield gym

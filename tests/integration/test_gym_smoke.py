@@ -61,7 +61,7 @@ def _record(name: str, result: dict[str, Any]) -> None:
         (FIXTURES / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
-def test_gym_topology_and_run_url(gym_single_tool_call):
+def test_gym_topology_and_run_url(gym_single_tool_call, vllm_server):
     gym = gym_single_tool_call
     instances = gym.server_instances()
     assert {i.server_type for i in instances.values()} == {
@@ -77,6 +77,8 @@ def test_gym_topology_and_run_url(gym_single_tool_call):
     cfg = gym.global_config()
     model_cfg = cfg["policy_model"]["responses_api_models"]["vllm_model"]
     assert model_cfg["return_token_id_information"] is True  # the training model config is in effect
+    assert model_cfg["base_url"] == [vllm_server.base_url, vllm_server.base_url.replace("127.0.0.1", "localhost")]
+    assert model_cfg["model"] == vllm_server.model_name
 
 
 def test_single_turn_run_returns_reward_and_token_ids(gym_single_tool_call, vllm_server):
