@@ -53,11 +53,23 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
             raise NotImplementedError("LoRA adapter weight sync is not supported by the CPU rollout")
         model = self.model_runner.model
 
+        failures: list[Exception] = []
+
         def on_bucket_received(weights, is_last: bool) -> None:
+            # After a failed bucket keep draining: verl's sender waits for an ack per bucket with no timeout, so
+            # raising here would hang the trainer (and leak its shm bucket) instead of failing the sync.
+            if failures:
+                return
             # Layerwise reload holds a layer's tensors until all of that layer has arrived, which may be in a later
             # bucket, while the receiver reuses its shared-memory buffer for every bucket: copy out of it first.
             owned = [(name, tensor.clone()) for name, tensor in weights]
-            self._update_weights(owned, peft_config=None, base_sync_done=base_sync_done)
+            # A stored failure keeps this frame alive through its traceback; views of the shm buffer in it would make
+            # the receiver's shm.close() fail ("cannot close exported pointers exist") before its last ack.
+            del weights
+            try:
+                self._update_weights(owned, peft_config=None, base_sync_done=base_sync_done)
+            except Exception as e:  # re-raised below, once the sender is released
+                failures.append(e)
 
         receiver = BucketedWeightReceiver(zmq_handle=self._get_zmq_handle(), device=self.device, use_shm=use_shm)
         with set_current_vllm_config(self.model_runner.vllm_config):
@@ -65,10 +77,12 @@ class CPUWorkerExtension(vLLMColocateWorkerExtension):
             try:
                 receiver.receive_weights(on_bucket_received=on_bucket_received)
             finally:
-                # Also after a failed transfer: layers that got nothing get their previous kernel tensors back, so the
+                # Also after a failed load: layers that got nothing get their previous kernel tensors back, so the
                 # engine keeps serving the old weights instead of meta tensors.
                 finalize_layerwise_reload(model, self.model_runner.model_config)
                 _repack_embedding_gemms(model)
+        if failures:
+            raise RuntimeError(f"CPU rollout: loading the synced weights failed: {failures[0]!r}") from failures[0]
         logger.info("CPU rollout: weights reloaded in place")
 
 

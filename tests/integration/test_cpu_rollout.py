@@ -157,8 +157,8 @@ def _push_weights(pusher_wg, named_tensors: list[tuple[str, torch.Tensor]], step
     """One verl weight sync of arbitrary tensors: the naive checkpoint engine holds them, ServerAdapter pushes."""
     import ray
 
-    ray.get(pusher_wg.execute_checkpoint_engine(["send_weights"], [named_tensors]), timeout=300)
-    ray.get(pusher_wg.update_weights(global_steps=step), timeout=300)
+    ray.get(pusher_wg.execute_checkpoint_engine(["send_weights"], [named_tensors]), timeout=120)
+    ray.get(pusher_wg.update_weights(global_steps=step), timeout=120)
 
 
 def _checkpoint(model_dir) -> list[tuple[str, torch.Tensor]]:
@@ -284,6 +284,23 @@ def test_weight_sync_changes_the_engine_and_restores_exactly(rollout, tiny_model
     assert restored.extra_fields["global_steps"] == 12
     assert restored.token_ids == baseline.token_ids
     assert restored.log_probs == pytest.approx(baseline.log_probs, abs=1e-6)
+
+
+def test_failed_weight_load_raises_and_keeps_serving(rollout, tiny_model_qwen25):
+    """A tensor the engine cannot load fails the sync (instead of hanging verl's sender) and leaves the weights."""
+    import ray
+
+    client = rollout.manager.get_client()
+    original = _checkpoint(tiny_model_qwen25)
+    _push_weights(rollout.pusher_wg, original, step=40)
+    before = _generate(client, "fail-0")
+    with pytest.raises(ray.exceptions.RayTaskError, match="loading the synced weights failed"):
+        _push_weights(rollout.pusher_wg, [("model.no_such_layer.weight", torch.zeros(4, 4)), *original[:3]], step=41)
+    after = _generate(client, "fail-1")
+    assert after.token_ids == before.token_ids
+    assert after.log_probs == pytest.approx(before.log_probs, abs=1e-6)
+    _push_weights(rollout.pusher_wg, original, step=42)  # and the next sync works
+    assert _generate(client, "fail-2").extra_fields["global_steps"] == 42
 
 
 def test_synced_weights_match_hugging_face_logprobs(rollout, tiny_model_qwen25):
