@@ -177,15 +177,19 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def window_summary(curve: RewardCurve, k: int = 5) -> dict[str, float]:
-    """Mean overall reward of the first and last ``k`` steps, their difference and ratio (NaN when undefined)."""
+    """Mean overall reward of the first and last ``k`` steps, their difference and ratio (NaN when undefined).
+
+    ``k`` shrinks to half the run when the run is shorter than ``2k`` steps, so the two windows never overlap.
+    """
     values = curve.overall
+    k = max(1, min(k, len(values) // 2))
     first, last = _mean(values[:k]), _mean(values[-k:])
     return {
         "first_mean": first,
         "last_mean": last,
         "difference": last - first,
         "ratio": last / first if first and not math.isnan(first) else math.nan,
-        "k": float(min(k, len(values))),
+        "k": float(k),
     }
 
 
@@ -233,6 +237,8 @@ def plot_reward_curve(curve: RewardCurve, out: str | Path, title: str | None = N
     ax = axes[0][0]
     for name, values in curve.reward.items():
         overall = name == ALL_SCOPE
+        if not overall and len(curve.reward) == 2 and ALL_SCOPE in curve.reward:
+            continue  # one environment: its curve is the overall one
         ax.plot(
             curve.steps,
             values,
@@ -243,6 +249,8 @@ def plot_reward_curve(curve: RewardCurve, out: str | Path, title: str | None = N
             zorder=3 if overall else 2,
         )
     for name, values in curve.extra.items():
+        if _same(values, curve.overall):
+            continue  # nothing masked: verl's score is the same curve
         ax.plot(curve.steps, values, linestyle=":", linewidth=1, color="grey", label=f"{name} (masked = 0)")
     summary = window_summary(curve)
     ax.set_ylabel("mean reward (unmasked samples)" if curve.source != VERL_SCORE_KEY else "mean score")
@@ -271,6 +279,12 @@ def plot_reward_curve(curve: RewardCurve, out: str | Path, title: str | None = N
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
+    if len(a) != len(b):
+        return False
+    return all((math.isnan(x) and math.isnan(y)) or abs(x - y) < 1e-9 for x, y in zip(a, b, strict=True))
 
 
 def _finite_range(values: Sequence[float]) -> tuple[float, float]:

@@ -84,8 +84,11 @@ def test_plain_prefix_wins_over_the_timing_spelling_and_missing_steps_are_nan(tm
     assert curve.source == "gym/all/reward_mean"
     assert curve.overall[0] == 0.2 and math.isnan(curve.overall[1]) and curve.overall[2] == 0.4
     assert curve.masked_rate is None
-    s = window_summary(curve, k=5)
-    assert s["first_mean"] == s["last_mean"] == pytest.approx(0.3)  # NaN skipped
+    s = window_summary(curve, k=5)  # 3 steps: windows of 1, never overlapping
+    assert (s["k"], s["first_mean"], s["last_mean"]) == (1, 0.2, 0.4)
+    assert window_summary(curve, k=1)["difference"] == pytest.approx(0.2)
+    nan_first = load_reward_curve(write_log(tmp_path / "n.jsonl", [(1, {"timing_s/step": 1.0}), *records]))
+    assert window_summary(nan_first, k=2)["first_mean"] == 0.2  # NaN steps are skipped
 
 
 def test_falls_back_to_verls_score_without_adapter_metrics(tmp_path):
