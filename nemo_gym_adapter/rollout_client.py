@@ -23,10 +23,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
+
+try:  # parsing token-id-heavy results is most of the client's CPU; orjson does it ~5x faster (Gym's client uses it)
+    import orjson
+except ImportError:  # pragma: no cover - optional speed-up, same results
+    orjson = None
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, DatasetError, GymServerError
 from nemo_gym_adapter.routing import env_name_of
@@ -282,6 +287,20 @@ def _get(head_url: str, path: str, timeout_s: float) -> bytes:
         raise GymServerError(f"head server {head_url}: GET {path} failed: {e}") from e
 
 
+def _dumps(obj: Any) -> bytes:
+    # orjson rejects what json accepts in a few corners (non-str keys, ints > 64 bit): fall back rather than fail.
+    if orjson is not None:
+        try:
+            return orjson.dumps(obj)
+        except TypeError:
+            pass
+    return json.dumps(obj).encode()
+
+
+def _loads(body: bytes) -> Any:
+    return orjson.loads(body) if orjson is not None else json.loads(body)
+
+
 class _Progress:
     """A tqdm bar with rollouts/s and per-agent done counts; a no-op when disabled."""
 
@@ -389,7 +408,7 @@ class RolloutClient:
             return RolloutOutcome(index, None, None, 0.0, 0, failure=resolved)
         agent, route = resolved
         try:
-            payload = json.dumps(apply_overrides(row, agent, overrides)).encode()
+            payload = _dumps(apply_overrides(row, agent, overrides))
         except (TypeError, ValueError) as e:
             failure = RolloutFailure(CLIENT_ERROR, f"row {index} for agent {agent!r} is not JSON-serialisable: {e}")
             return RolloutOutcome(index, agent, route.server, 0.0, 0, failure=failure)
@@ -448,8 +467,8 @@ class RolloutClient:
                 f"http_{status}", f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}", status
             )
         try:
-            result = json.loads(body)
-        except ValueError as e:
+            result = _loads(body)
+        except ValueError as e:  # orjson.JSONDecodeError is a ValueError too
             result = e
         if not isinstance(result, dict):
             text = body[:200].decode("utf-8", errors="replace")
@@ -459,7 +478,6 @@ class RolloutClient:
         return result
 
 
-@dataclass
 class BlockingRolloutClient:
     """Synchronous facade for non-async callers (verl's ``generate_sequences`` is sync).
 
@@ -467,20 +485,19 @@ class BlockingRolloutClient:
     a loop (Ray actors, Jupyter). Calls from that loop's own thread would deadlock and are refused.
     """
 
-    routes: GymRoutes
-    config: RolloutClientConfig = field(default_factory=RolloutClientConfig)
-
-    def __post_init__(self) -> None:
+    def __init__(self, routes: GymRoutes, config: RolloutClientConfig | None = None) -> None:
+        self.routes = routes
+        self.config = config or RolloutClientConfig()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gym-rollout-client", daemon=True)
         self._thread.start()
-        self._client = RolloutClient(self.routes, self.config)
+        self._client = RolloutClient(routes, self.config)
         self._closed = False
 
     @classmethod
     def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> BlockingRolloutClient:
         """Fetch the routes from a running Gym's head server (blocking) and return a ready client."""
-        return cls(GymRoutes.fetch_blocking(head_url), config or RolloutClientConfig())
+        return cls(GymRoutes.fetch_blocking(head_url), config)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:

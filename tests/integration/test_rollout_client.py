@@ -10,15 +10,17 @@ The fault tests break that Gym, so they run last in this module.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,18 +32,21 @@ from nemo_gym_adapter.rollout_client import (
     RolloutOutcome,
     apply_overrides,
 )
+from nemo_gym_adapter.testing.gym_fixtures import MAX_STEPS, example_rows, forced_tool_call_row
 
 pytestmark = pytest.mark.integration
 
 TOOL_ENV, MATCH_ENV = "example_single_tool_call", "string_match"
 TOOL_AGENT, MATCH_AGENT = f"{TOOL_ENV}_simple_agent", f"{MATCH_ENV}_simple_agent"
-OVERRIDES = {"max_output_tokens": 24, "temperature": 1.0}
+# 64: room for the forced tool call (gym_fixtures.forced_tool_call_row), which the override would otherwise cut.
+OVERRIDES = {"max_output_tokens": 64, "temperature": 1.0}
 
 
 @pytest.fixture(scope="module")
 def gym(vllm_server):
     from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
 
+    ray_tmp = tempfile.mkdtemp(prefix="ngv-ray-")
     spec = GymLaunchSpec(
         config_paths=[
             f"resources_servers/{TOOL_ENV}/configs/{TOOL_ENV}.yaml",
@@ -50,22 +55,22 @@ def gym(vllm_server):
         ],
         policy_base_url=[vllm_server.base_url],
         policy_model_name=vllm_server.model_name,
+        # Forced tool calls would otherwise repeat until the context is full.
+        config_overrides={TOOL_AGENT: {"responses_api_agents": {"simple_agent": {"max_steps": MAX_STEPS}}}},
+        # Own Ray temp dir (short: Ray's socket paths must stay < 108 chars): a stale /tmp/ray/ray_current_cluster
+        # left by a dead `ray start` would make Gym's ray.init() try to join that dead cluster.
+        env={"RAY_TMPDIR": ray_tmp},
     )
-    with GymServers.start(spec) as servers:
-        yield servers
+    try:
+        with GymServers.start(spec) as servers:
+            yield servers
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def routes(gym) -> GymRoutes:
     return GymRoutes.fetch_blocking(gym.head_url)
-
-
-def example_rows(env: str) -> list[dict[str, Any]]:
-    from nemo_gym_adapter.gym_servers import gym_package_root
-    from nemo_gym_adapter.paths import gym_venv
-
-    path = Path(gym_package_root(gym_venv())) / "resources_servers" / env / "data" / "example.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def forced_answer(row: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +82,11 @@ def forced_answer(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def mixed_batch(repeats: int) -> list[dict[str, Any]]:
-    tool = [{**r, "agent_ref": {"name": TOOL_AGENT}} for r in example_rows(TOOL_ENV)]
+    tool = example_rows(TOOL_ENV)
+    # Rows 0-1 forced to call get_weather (multi-turn, reward 1), the rest free.
+    tool = [{**forced_tool_call_row(r, seed=i), "agent_ref": {"name": TOOL_AGENT}} for i, r in enumerate(tool[:2])] + [
+        {**r, "agent_ref": {"name": TOOL_AGENT}} for r in tool[2:]
+    ]
     match = example_rows(MATCH_ENV)
     # Rows 0-2 forced right; 3-4 free; and the 0.7 collate form: task_source naming the resources server.
     match = [{**forced_answer(r), "agent_ref": MATCH_AGENT} for r in match[:3]] + [
@@ -101,6 +110,7 @@ def resources_url(gym, agent: str) -> str:
 
 def test_batch_over_two_environments_every_row_returns_with_gym_verified_rewards(gym, routes):
     rows = mixed_batch(repeats=3)
+    before = copy.deepcopy(rows)
     config = RolloutClientConfig(max_concurrency=8, timeout_s=600, progress=False)
     with BlockingRolloutClient(routes, config) as client:
         outcomes = client.run(rows, overrides=OVERRIDES)
@@ -122,9 +132,11 @@ def test_batch_over_two_environments_every_row_returns_with_gym_verified_rewards
         verified = post_json(verify_urls[outcome.agent], {**sent, "response": result["response"]})
         assert result["reward"] == verified["reward"], f"row {outcome.index}: /run reward != /verify reward"
 
-    match_rewards = [o.result["reward"] for o in outcomes if o.agent == MATCH_AGENT]
-    assert match_rewards[:3] == [1.0, 1.0, 1.0]  # the forced rows: the check above compared real 1.0s too
-    assert rows[0]["responses_create_params"].get("max_output_tokens") is None  # input rows untouched
+    # The forced rows: the check above compared real 1.0s too, and multi-turn tool-calling trajectories.
+    assert [o.result["reward"] for o in outcomes[:10]] == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    forced_tool_items = [item["type"] for item in outcomes[0].result["response"]["output"]]
+    assert "function_call" in forced_tool_items and "function_call_output" in forced_tool_items
+    assert rows == before  # input rows untouched
 
 
 def test_unknown_agent_rows_fail_without_reaching_gym(routes):
@@ -218,7 +230,14 @@ def test_killed_agent_server_mid_batch_gives_failure_records_not_a_hang(gym, rou
     after Gym stopped answering.
     """
     timeout_s = 30.0
-    tool = [{**r, "agent_ref": {"name": TOOL_AGENT}} for r in example_rows(TOOL_ENV)]
+    tool = [
+        {
+            **r,
+            "responses_create_params": {**r["responses_create_params"], "max_output_tokens": 24},
+            "agent_ref": TOOL_AGENT,
+        }
+        for r in example_rows(TOOL_ENV)
+    ]
     match = [{**long_answer(r), "agent_ref": MATCH_AGENT} for r in example_rows(MATCH_ENV)]
     rows = [r for pair in zip(tool, match, strict=True) for r in pair]  # interleaved environments
     config = RolloutClientConfig(max_concurrency=len(rows), timeout_s=timeout_s, progress=False)
@@ -226,7 +245,7 @@ def test_killed_agent_server_mid_batch_gives_failure_records_not_a_hang(gym, rou
     outcomes: list[RolloutOutcome] = []
     with BlockingRolloutClient(routes, config) as client:
         t0 = time.monotonic()
-        thread = _run_in_background(client, rows, {"max_output_tokens": 24}, outcomes)
+        thread = _run_in_background(client, rows, {"temperature": 1.0}, outcomes)
         while _requests_running(vllm_server) < len(match) and time.monotonic() - t0 < timeout_s / 2:
             time.sleep(0.05)
         _kill_tree(server_pids[MATCH_AGENT])

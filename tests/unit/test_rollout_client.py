@@ -19,7 +19,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError
 from nemo_gym_adapter.procs import free_port
 from nemo_gym_adapter.rollout_client import (
     BlockingRolloutClient,
@@ -323,11 +323,15 @@ def test_route_without_address_names_the_server():
 class FakeHeadServer(FakeEnvServer):
     """Serves the two head-server GETs the way Gym 0.7 does (the YAML config wrapped in a JSON string)."""
 
+    def __init__(self, config: dict[str, Any] = GYM_CONFIG) -> None:
+        self.config = config
+        super().__init__()
+
     def _serve(self) -> None:
         import yaml
 
         async def config(_: web.Request) -> web.Response:
-            return web.json_response(yaml.safe_dump(GYM_CONFIG))
+            return web.json_response(yaml.safe_dump(self.config))
 
         async def instances(_: web.Request) -> web.Response:
             return web.json_response(INSTANCES)
@@ -350,6 +354,22 @@ async def test_routes_fetched_from_head_server():
     finally:
         head.stop()
     assert routes.resolve({"agent_ref": "weather_simple_agent"})[1].base_url == "http://127.0.0.1:9004"
+
+
+def test_blocking_client_connects_through_the_head_server(fake_server):
+    config = copy.deepcopy(GYM_CONFIG)
+    config["weather_environment_server"]["environment_servers"]["legacy_agent"]["port"] = fake_server.port
+    head = FakeHeadServer(config)
+    try:
+        client = BlockingRolloutClient.connect(head.url, fast())
+    finally:
+        head.stop()  # routes are fetched once, at connect: the head is not needed afterwards
+    out = client.run(rows(2, agent="weather_simple_agent") + [{"task_source": "weather", "id": 9}])
+    client.close()
+    assert [o.result["id"] for o in out] == [0, 1, 9]
+    assert {o.server for o in out} == {"weather_environment_server"}
+    with pytest.raises(AdapterError, match="closed"):
+        client.run(rows(1))
 
 
 def test_unreachable_head_server_names_it():
