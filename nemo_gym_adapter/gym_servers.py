@@ -67,7 +67,7 @@ class GymLaunchSpec(BaseModel):
     hydra_overrides: list[str] = Field(default_factory=list, description="raw `gym env start` overrides, last")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for Gym")
     startup_timeout_s: float = Field(300.0, gt=0)
-    stop_timeout_s: float = Field(8.0, gt=0)
+    stop_timeout_s: float = Field(3.0, gt=0, description="SIGTERM grace before SIGKILL (Ray agents ignore it)")
     run_dir: Path | None = Field(None, description="Gym's cwd and logs; default logs/gym/<time>-<port>")
 
     @field_validator("policy_base_url")
@@ -181,7 +181,7 @@ class SessionProcess(ManagedProcess):
     that ignore SIGTERM; only the session id still ties them to us.
     """
 
-    stop_timeout_s = 8.0
+    stop_timeout_s = 3.0
 
     def stop(self, timeout: float | None = None) -> None:
         timeout = self.stop_timeout_s if timeout is None else timeout

@@ -63,6 +63,7 @@ def _record(name: str, result: dict[str, Any]) -> None:
 
 def test_gym_topology_and_run_url(gym_single_tool_call, vllm_server):
     gym = gym_single_tool_call
+    print(f"vLLM start {vllm_server.start_seconds:.1f} s, Gym spin-up {gym.startup_seconds:.1f} s")
     instances = gym.server_instances()
     assert {i.server_type for i in instances.values()} == {
         "resources_servers",
