@@ -1,0 +1,176 @@
+"""The hydra-launched recipe on CPU, end to end: ``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu``.
+
+One subprocess runs the whole thing as a user would: verl's legacy trainer with the FSDP2 actor on CPU, the CPU vLLM
+replica (patched), NeMo Gym (``example_single_tool_call``, its bundled example rows) started by our manager, two
+GRPO steps (``masked_grpo``) with a weight sync to vLLM after each. Checked from the console logger's output:
+both steps are logged with per-environment reward, masked rate, contiguity rate and the rollout-vs-actor logprob
+gap. Afterwards no process may be left: the test process becomes a child subreaper for the run, so anything the
+run leaves behind (Ray helpers, Gym servers re-parented away from their dead parents) lands here and is caught.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 2
+TIMEOUT_S = float(os.environ.get("NGV_E2E_TIMEOUT", "1500"))
+ENV = "example_single_tool_call_simple_agent"
+PR_SET_CHILD_SUBREAPER = 36
+GAP_TOL = 1e-3  # fp32 on both sides; the step-2 gap also checks verl's weight sync into vLLM
+_VALUE = re.compile(r"^(?:np\.float\d+\()?([-+0-9.eEinfa]+)\)?$")
+
+
+def _subreaper(on: bool) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _parse_steps(log: str) -> dict[int, dict[str, float]]:
+    """verl's console logger: ``step:N - key:value - key:value ...`` (one line per step, maybe Ray-prefixed)."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in log.splitlines():
+        match = re.search(r"step:(\d+) - (.*)$", line)
+        if not match:
+            continue
+        metrics = {}
+        for item in match.group(2).split(" - "):
+            key, _, raw = item.rpartition(":")
+            value = _VALUE.match(raw.strip())
+            if key and value:
+                metrics[key.strip()] = float(value.group(1))
+        steps[int(match.group(1))] = metrics
+    return steps
+
+
+@pytest.fixture
+def reaped_children():
+    """Make this process the subreaper of everything the test starts; yield a check for leftovers."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    _subreaper(True)
+
+    def leftovers(grace_s: float = 30.0) -> list[psutil.Process]:
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = [
+                p for p in me.children(recursive=True) if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
+            ]
+            if not alive or time.monotonic() > deadline:
+                return alive
+            time.sleep(1.0)
+
+    try:
+        yield leftovers
+    finally:
+        _subreaper(False)
+        stray = [p for p in me.children(recursive=True) if p.pid not in before]
+        for p in stray:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(stray, timeout=10)
+
+
+def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_children):
+    log_path = tmp_path / "recipe.log"
+    run_dir = tmp_path / "gym"
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipe.nemo_gym.main",
+        "--config-name",
+        "nemo_gym_cpu",
+        f"trainer.total_training_steps={STEPS}",
+        f"nemo_gym.run_dir={run_dir}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+        try:
+            status = proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # SIGTERM: the recipe's own cleanup path
+            proc.wait(timeout=120)
+            pytest.fail(f"recipe did not finish in {TIMEOUT_S:.0f}s; log: {log_path}")
+    wall = time.monotonic() - started
+    text = log_path.read_text(errors="replace")
+    assert status == 0, f"exit {status} after {wall:.0f}s\n{text[-6000:]}"
+
+    steps = _parse_steps(text)
+    assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    for step, m in steps.items():
+        for key in (
+            f"timing_s/gym/{ENV}/reward_mean",
+            "timing_s/gym/all/masked_rate",
+            "timing_s/gym/all/masked_rate/non_contiguous",
+            "timing_s/gym/all/contiguity_rate",
+            "timing_s/gym/timing/generate_sequences_s",
+            "onpolicy/logprob_abs_diff_mean",
+            "onpolicy/kl_k3",
+            "rollout_corr/k3_kl",
+            "actor/pg_loss",
+        ):
+            assert key in m and math.isfinite(m[key]), (step, key, sorted(m))
+        assert m["timing_s/gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every row back
+        assert m["onpolicy/num_tokens"] > 0
+        assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
+    print(
+        f"recipe: {wall:.0f}s wall; per step "
+        + ", ".join(
+            f"{s}: gen {m['timing_s/gen']:.1f}s step {m['timing_s/step']:.1f}s "
+            f"gap {m['onpolicy/logprob_abs_diff_mean']:.1e} k3 {m['onpolicy/kl_k3']:.1e}"
+            for s, m in sorted(steps.items())
+        )
+    )
+
+    assert not (run_dir / "gym.pid").exists()  # the manager stopped Gym itself
+    left = reaped_children()
+    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
+
+
+def test_driver_sweeps_a_gym_left_behind_by_a_killed_task_runner(tmp_path):
+    """If the TaskRunner dies without stopping Gym, the driver's sweep stops Gym's session from the pid file."""
+    import json
+
+    from recipe.nemo_gym.main import PID_FILE, sweep_gym
+
+    # A stand-in for Gym's launcher: a session leader with a child (Ray helpers keep the session id).
+    leader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(600)']); time.sleep(600)",
+        ],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(leader.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (child,) = psutil.Process(leader.pid).children()
+        (tmp_path / PID_FILE).write_text(json.dumps({"sessions": [leader.pid], "pids": [leader.pid]}))
+        stopped = sweep_gym(tmp_path)
+        assert set(stopped) == {leader.pid, child.pid}
+        assert leader.wait(timeout=10) is not None
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+        assert not (tmp_path / PID_FILE).exists()
+        assert sweep_gym(tmp_path) == []  # nothing recorded: nothing touched
+    finally:
+        if leader.poll() is None:
+            leader.kill()
