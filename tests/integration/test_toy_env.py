@@ -69,9 +69,12 @@ def _reply_text(result: dict[str, Any]) -> str:
     return "".join(part["text"] for part in message["content"])
 
 
-def test_repo_relative_config_path_resolves_to_this_repository(toy_spec):
-    relative = toy_spec.model_copy(update={"config_paths": [TOY_CONFIG, TRAINING_MODEL_CONFIG]})
-    assert resolve_config_paths(relative, cwd=REPO) == [str(REPO / TOY_CONFIG), TRAINING_MODEL_CONFIG]
+def test_repo_relative_config_path_resolves_to_this_repository():
+    # No server needed: only the path resolution the launcher does before starting Gym (in Gym's run_dir).
+    spec = GymLaunchSpec(
+        config_paths=[TOY_CONFIG, TRAINING_MODEL_CONFIG], policy_base_url=["127.0.0.1:1"], policy_model_name="m"
+    )
+    assert resolve_config_paths(spec, cwd=REPO) == [str(REPO / TOY_CONFIG), TRAINING_MODEL_CONFIG]
 
 
 def test_rows_route_to_the_toy_environment_server(toy_gym):
