@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -103,6 +104,7 @@ def bench_by_hand(base_url: str, model: str) -> float:
 def ray_head():
     """A Ray head from Gym's venv (Gym needs its own Python version), no dashboard; yields (address, start s)."""
     port, client_port = free_port(), free_port()
+    temp_dir = Path(tempfile.gettempdir()) / f"ray-ngv-{port}"
     log = paths.logs_dir() / "gym" / f"bench-ray-head-{port}.log"
     cmd = [
         str(paths.gym_venv() / "bin" / "ray"),
@@ -116,7 +118,7 @@ def ray_head():
         "--disable-usage-stats",
         # its own temp dir: `ray start` records its address in <temp dir>/ray_current_cluster, where every plain
         # ray.init() on this machine (colleagues' too) would find and join it -- or hang on it once it is gone
-        f"--temp-dir={tempfile.gettempdir()}/ray-ngv-{port}",
+        f"--temp-dir={temp_dir}",
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "RAY_ADDRESS")}
     t0 = time.monotonic()
@@ -130,6 +132,7 @@ def ray_head():
         yield address, time.monotonic() - t0
     finally:
         proc.stop()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
