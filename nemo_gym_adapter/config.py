@@ -96,6 +96,13 @@ class NemoGymConfig(_Section):
     trajectory: TrajectorySection = Field(default_factory=TrajectorySection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
 
+    @field_validator("config_overrides")
+    @classmethod
+    def _drop_null_overrides(cls, overrides: dict[str, Any]) -> dict[str, Any]:
+        # A derived config cannot delete a key it inherits (OmegaConf merges dicts), so `<block>: null` means "no
+        # override for this Gym block": e.g. a demo config switching environments drops its parent's agent override.
+        return {name: value for name, value in overrides.items() if value is not None}
+
     @field_validator("head_url")
     @classmethod
     def _url(cls, url: str | None) -> str | None:

@@ -55,6 +55,7 @@ def run(cfg: DictConfig) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     run_dir = _prepare_run_dir(cfg)
+    metrics_path = _file_logger_path(cfg, run_dir)
     _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
     OmegaConf.resolve(cfg)  # our resolvers exist only in this process; verl's TaskRunner gets plain values
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -69,6 +70,8 @@ def run(cfg: DictConfig) -> int:
         auto_set_device(cfg)
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
         run_ppo(cfg, task_runner_class=NemoGymTaskRunner)
+        if metrics_path is not None:
+            _write_reward_curve(metrics_path)
     finally:
         signal.signal(signal.SIGTERM, previous)
         sweep_gym(run_dir)
@@ -84,6 +87,44 @@ def _prepare_run_dir(cfg: DictConfig) -> Path | None:
         with open_dict(cfg):
             cfg.nemo_gym.run_dir = str(paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     return Path(cfg.nemo_gym.run_dir)
+
+
+def _file_logger_path(cfg: DictConfig, run_dir: Path | None) -> Path | None:
+    """With ``trainer.logger`` containing ``file``: where verl's file logger writes (``<run dir>/metrics.jsonl``).
+
+    verl's FileLogger lives in the TaskRunner (a Ray actor) and reads ``VERL_FILE_LOGGER_PATH``: it reaches it
+    through the Ray runtime env. A path the user set already wins.
+    """
+    if "file" not in list(OmegaConf.select(cfg, "trainer.logger", default=None) or []):
+        return None
+    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
+    existing = OmegaConf.select(cfg, key, default=None)
+    if existing:
+        return Path(existing)
+    path = (run_dir or paths.logs_dir() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}") / "metrics.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, str(path), force_add=True)
+    return path
+
+
+def _write_reward_curve(metrics_path: Path) -> None:
+    """The reward-curve PNG people look at after a run, next to the metrics; a plotting problem never fails a run."""
+    from nemo_gym_adapter.errors import SetupError
+    from recipe.nemo_gym.reward_curve import MetricsFileError, load_reward_curve, plot_reward_curve, window_summary
+
+    try:
+        curve = load_reward_curve(metrics_path)
+        out = plot_reward_curve(curve, metrics_path.with_name("reward_curve.png"))
+    except (MetricsFileError, SetupError, OSError, ImportError) as e:
+        logger.warning("no reward curve written: %s", e)
+        return
+    s = window_summary(curve)
+    print(
+        f"[nemo-gym-verl] {len(curve.steps)} steps: reward first-{int(s['k'])} mean {s['first_mean']:.3f}, "
+        f"last-{int(s['k'])} mean {s['last_mean']:.3f}; reward curve: {out}; metrics: {metrics_path}",
+        flush=True,
+    )
 
 
 def _apply_runtime_env(cfg: DictConfig) -> None:

@@ -21,7 +21,7 @@ def _compose(name: str, overrides: tuple[str, ...] = ()):
 
 
 def test_the_shipped_configs_are_the_expected_ones():
-    assert PRIMARY_CONFIGS == ["nemo_gym_cpu", "nemo_gym_multi_env", "nemo_gym_single_env"]
+    assert PRIMARY_CONFIGS == ["nemo_gym_cpu", "nemo_gym_cpu_toy", "nemo_gym_multi_env", "nemo_gym_single_env"]
 
 
 @pytest.mark.parametrize("name", PRIMARY_CONFIGS)
@@ -94,3 +94,26 @@ def test_a_broken_override_is_reported_with_its_key():
 def test_verl_config_dir_is_found_without_importing_verl():
     assert (verl_config_dir() / "ppo_trainer.yaml").is_file()
     assert with_verl_searchpath(["hydra.searchpath=[file:///x]"]) == ["hydra.searchpath=[file:///x]"]
+
+
+def test_toy_demo_config_runs_only_the_toy_environment():
+    """The README demo switches environments: the parent's agent override must be gone, every row must route to the
+    toy agent, and the run must log to a file (the reward curve is drawn from it)."""
+    from nemo_gym_adapter.dataset import load_gym_jsonl
+
+    cfg = _compose("nemo_gym_cpu_toy")
+    recipe = load_config(cfg)
+    assert recipe.gym.config_overrides == {}
+    assert [Path(p).name for p in recipe.gym.config_paths] == ["toy_choice.yaml"]
+    rows = load_gym_jsonl([cfg.data.train_files], default_agent=cfg.data.nemo_gym.default_agent)
+    assert rows and {r.env_name for r in rows} == {"toy_choice_simple_agent"}
+    assert "file" in cfg.trainer.logger
+    assert cfg.actor_rollout_ref.rollout.logprobs_mode == "raw_logprobs"
+
+
+def test_null_drops_an_inherited_gym_override():
+    recipe = load_config(
+        _compose("nemo_gym_cpu", ("nemo_gym.config_overrides.example_single_tool_call_simple_agent=null",))
+    )
+    assert recipe.gym.config_overrides == {}
+    assert load_config(_compose("nemo_gym_cpu")).gym.config_overrides  # and without it, the override is there
