@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.integration.verl_workers import spawn_cpu_actor_workers
+
 pytestmark = pytest.mark.integration
 
 N = 4
@@ -91,30 +93,12 @@ def stack(forced_rows_file):
     )  # never a bare init: it could join a colleague's cluster
     manager = None
     try:
-        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
-        from verl.single_controller.ray.base import create_colocated_worker_cls
-        from verl.trainer.ppo.utils import Role
         from verl.utils.import_utils import load_class_from_fqn
         from verl.workers.rollout.llm_server import LLMServerManager
 
-        from recipe.nemo_gym import cpu_platform, cpu_rollout  # noqa: F401  (CPU replica registered as "vllm")
+        from recipe.nemo_gym import cpu_rollout  # noqa: F401  (CPU replica registered as "vllm")
 
-        role = Role.ActorRollout
-        pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={role: "global_pool"})
-        pools.create_resource_pool()
-        worker = RayClassWithInitArgs(
-            cls=ray.remote(cpu_platform.CpuActorRolloutRefWorker),
-            config=cfg.actor_rollout_ref,
-            distillation_config=cfg.get("distillation"),
-            role=str(role),
-        )
-        group = RayWorkerGroup(
-            resource_pool=pools.get_resource_pool(role),
-            ray_cls_with_init=create_colocated_worker_cls({str(role): worker}),
-            device_name=cfg.trainer.device,
-        )
-        actor_wg = group.spawn(prefix_set={str(role)})[str(role)]
-        actor_wg.init_model()
+        actor_wg = spawn_cpu_actor_workers(cfg).actor_wg
         t0 = time.perf_counter()
         llm = LLMServerManager.create(config=cfg, worker_group=actor_wg)
         t1 = time.perf_counter()

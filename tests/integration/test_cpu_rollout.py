@@ -25,6 +25,8 @@ import urllib.request
 import pytest
 import torch
 
+from tests.integration.verl_workers import spawn_cpu_actor_workers
+
 pytestmark = pytest.mark.integration
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -67,34 +69,6 @@ def _compose_config(model_path: str):
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
-def _actor_worker_group(config):
-    """The FSDP2 actor+rollout worker group, as ``RayPPOTrainer.init_workers`` creates it (CPU platform worker)."""
-    import ray
-    from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
-    from verl.single_controller.ray.base import create_colocated_worker_cls
-    from verl.trainer.ppo.utils import Role
-
-    from recipe.nemo_gym import cpu_platform
-
-    role = Role.ActorRollout
-    pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping={role: "global_pool"})
-    pools.create_resource_pool()
-    worker_cls = RayClassWithInitArgs(
-        cls=ray.remote(cpu_platform.CpuActorRolloutRefWorker),
-        config=config.actor_rollout_ref,
-        distillation_config=config.get("distillation"),
-        role=str(role),
-    )
-    group = RayWorkerGroup(
-        resource_pool=pools.get_resource_pool(role),
-        ray_cls_with_init=create_colocated_worker_cls({str(role): worker_cls}),
-        device_name=config.trainer.device,
-    )
-    actor_wg = group.spawn(prefix_set={str(role)})[str(role)]
-    actor_wg.init_model()
-    return actor_wg
-
-
 def _pusher_worker_group(config):
     """verl's ``CheckpointEngineWorker`` (naive engine + vLLM ``ServerAdapter``) for pushing arbitrary weights."""
     import ray
@@ -133,7 +107,7 @@ def rollout(tiny_model_qwen25):
 
         config = _compose_config(str(tiny_model_qwen25))
         started = time.perf_counter()
-        actor_wg = _actor_worker_group(config)
+        actor_wg = spawn_cpu_actor_workers(config).actor_wg
         pusher_wg = _pusher_worker_group(config)
         print(f"actor + pusher worker groups: {time.perf_counter() - started:.1f}s")
         started = time.perf_counter()

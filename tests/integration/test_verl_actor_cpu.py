@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.integration.verl_workers import spawn_cpu_actor_workers
+
 pytestmark = pytest.mark.integration
 
 PROMPT_LEN = 16
@@ -80,35 +82,13 @@ def cpu_actor(tiny_model_qwen25):
     elif ray.available_resources().get("GPU", 0) < 1:
         pytest.fail("this process already runs a Ray cluster without a free (logical) GPU slot; start it with num_gpus")
     try:
-        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
-        from verl.single_controller.ray.base import create_colocated_worker_cls
-        from verl.trainer.ppo.utils import Role
-
         config = _compose_config(str(tiny_model_qwen25))
-        role = Role.ActorRollout
-        pools = ResourcePoolManager(resource_pool_spec={"cpu_actor_pool": [1]}, mapping={role: "cpu_actor_pool"})
-        pools.create_resource_pool()
-        worker_cls = RayClassWithInitArgs(
-            cls=ray.remote(cpu_platform.CpuActorRolloutRefWorker),
-            config=config.actor_rollout_ref,
-            distillation_config=config.get("distillation"),
-            role=str(role),
-        )
-        group = RayWorkerGroup(
-            resource_pool=pools.get_resource_pool(role),
-            ray_cls_with_init=create_colocated_worker_cls({str(role): worker_cls}),
-            device_name=config.trainer.device,
-            worker_env=dict(cpu_platform.CPU_ENV),
-        )
-        worker_group = group.spawn(prefix_set={str(role)})[str(role)]
         started = time.perf_counter()
-        worker_group.init_model()
+        workers = spawn_cpu_actor_workers(config, pool_name="cpu_actor_pool", worker_env=dict(cpu_platform.CPU_ENV))
+        worker_group = workers.actor_wg
         print(f"init_model: {time.perf_counter() - started:.2f}s")
         yield config, worker_group
-        for worker in group.workers:
-            ray.kill(worker)
-        for pg in pools.get_resource_pool(role).pgs or []:
-            ray.util.remove_placement_group(pg)
+        workers.kill()
     finally:
         if started_ray:
             ray.shutdown()
