@@ -402,7 +402,10 @@ class RolloutClient:
         row: Mapping[str, Any],
         overrides: Mapping[str, Any] | None,
     ) -> RolloutOutcome:
-        resolved = self.routes.resolve(row)
+        if not isinstance(row, Mapping):
+            failure = RolloutFailure(CLIENT_ERROR, f"row {index} is a {type(row).__name__}, not a JSON object")
+            return RolloutOutcome(index, None, None, 0.0, 0, failure=failure)
+        resolved = self.routes.resolve(row, index)
         if isinstance(resolved, RolloutFailure):
             logger.warning("row %d not sent: %s", index, resolved.detail)
             return RolloutOutcome(index, None, None, 0.0, 0, failure=resolved)

@@ -204,8 +204,16 @@ async def test_unroutable_rows_are_failures_and_never_sent(fake_server):
     async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast()) as client:
         out = await client.run(batch)
     assert [o.failure.reason if o.failure else "ok" for o in out] == ["ok", "unknown_agent", "unknown_agent", "ok"]
-    assert "no_such_agent" in out[1].failure.detail and out[1].attempts == 0
+    assert "no_such_agent" in out[1].failure.detail and "row 1" in out[1].failure.detail and out[1].attempts == 0
+    assert "row 2" in out[2].failure.detail
     assert set(fake_server.hits) == {"0", "3"}
+
+
+async def test_a_row_that_is_not_an_object_is_a_failure_not_a_crash(fake_server):
+    async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast()) as client:
+        out = await client.run([rows(1)[0], ["not", "a", "row"], None])
+    assert out[0].ok and [o.failure.reason for o in out[1:]] == ["client_error", "client_error"]
+    assert "row 1 is a list" in out[1].failure.detail
 
 
 async def test_mixed_batch_preserves_count_and_routes_per_agent(fake_server):
