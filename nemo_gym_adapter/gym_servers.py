@@ -352,27 +352,26 @@ class GymServers:
         except (AttributeError, TypeError, ValueError, KeyError) as e:
             raise GymServerError(f"Gym has no server instance {name!r} (head {self.head_url})") from e
 
+    def routes(self) -> Any:
+        """This Gym's agent → environment-server routes (``rollout_client.GymRoutes``: one routing rule for both)."""
+        import urllib.parse
+
+        from nemo_gym_adapter.rollout_client import GymRoutes  # lazy: aiohttp is only needed when routing
+
+        head_host = urllib.parse.urlsplit(self.head_url).hostname or "127.0.0.1"
+        return GymRoutes.from_config(self.global_config(), head_host=head_host)
+
     def environment_servers_by_agent(self) -> dict[str, list[str]]:
         """Agent instance name -> the environment servers fronting it (Gym's collector routes through these)."""
-        out: dict[str, list[str]] = {}
-        for name, block in self.global_config().items():
-            servers = block.get("environment_servers") if isinstance(block, dict) else None
-            for server in (servers or {}).values():
-                for field, ref in (server or {}).items():
-                    # An agent reference: `type: responses_api_agents`, or `agent_server` with the type left out.
-                    if isinstance(ref, dict) and ref.get("name") is not None:
-                        if ref.get("type") == "responses_api_agents" or (
-                            field == "agent_server" and not ref.get("type")
-                        ):
-                            out.setdefault(str(ref["name"]), []).append(str(name))
-        return out
+        return {agent: [r.server for r in routes] for agent, routes in self.routes().servers_by_agent.items()}
 
     def run_url(self, agent_name: str) -> str:
         """The ``/run`` URL for rows of ``agent_name``: its one environment server (as ``rollout_collection``)."""
-        servers = self.environment_servers_by_agent().get(agent_name, [])
-        if len(servers) != 1:
-            raise GymServerError(f"agent {agent_name!r} is fronted by {len(servers)} environment servers: {servers}")
-        return f"{self.server_url(servers[0])}/run"
+        routes = self.routes().servers_by_agent.get(agent_name, ())
+        if len(routes) != 1:
+            names = [r.server for r in routes]
+            raise GymServerError(f"agent {agent_name!r} is fronted by {len(routes)} environment servers: {names}")
+        return routes[0].run_url
 
     # ------------------------------------------------------------------ readiness
     def _wait_ready(self, deadline: float, spec: GymLaunchSpec) -> None:
