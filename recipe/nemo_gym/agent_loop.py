@@ -51,6 +51,7 @@ from nemo_gym_adapter.errors import AdapterError, ServerError
 logger = logging.getLogger(__name__)
 
 PID_FILE = "gym.pid"
+PROBE_TEXT = "The weather in Paris is sunny and the city is quiet today."
 
 
 class NemoGymAgentLoopManager(AgentLoopManager):
@@ -183,6 +184,8 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         if pad is None:
             raise AdapterError(f"actor_rollout_ref.model.path={self.recipe.model_path}: tokenizer has no pad/eos token")
         self.pad_token_id = int(pad)
+        # A fixed prompt whose log-probability the engine reports every step (see _engine_probe).
+        self._probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
 
     def _start_gym(self) -> None:
         from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
@@ -281,6 +284,9 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         metrics = compute_metrics(trajectories, success_threshold=self.recipe.gym.metrics.success_threshold)
         for key in [k for k in metrics if k.endswith("/contiguity_failure_rate")]:
             metrics[key.replace("contiguity_failure_rate", "contiguity_rate")] = 1.0 - metrics[key]
+        probe = self._engine_probe()
+        if probe is not None:
+            metrics["gym/engine/probe_logprob_mean"] = probe
         t2 = time.perf_counter()
         metrics.update(
             {
@@ -294,6 +300,30 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         # "timing" is required by the trainer (and logged); no reward_extra_keys: rm_scores is the whole reward.
         output.meta_info = {"timing": dict(metrics), "reward_extra_keys": []}
         return output
+
+    def _engine_probe(self) -> float | None:
+        """Mean log-probability the first replica gives a fixed prompt (``prompt_logprobs``), with the weights it
+        serves right now. It moves only when verl's weight sync changed the engine's weights: a step-over-step
+        check that training reaches the rollout engine. A failed probe never fails a step (logged, no metric)."""
+        ids = getattr(self, "_probe_ids", None)
+        if not ids or len(ids) < 2 or not self.replicas:
+            return None
+        address = next(iter(self.replicas))
+        body = {"model": self.served_model_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
+        body["prompt_logprobs"] = 0
+        request = urllib.request.Request(
+            f"http://{address}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                entries = json.load(response)["choices"][0]["prompt_logprobs"]
+            values = [float(entry[str(tok)]["logprob"]) for tok, entry in zip(ids[1:], entries[1:], strict=True)]
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            logger.warning("engine probe on %s failed: %s", address, e)
+            return None
+        return sum(values) / len(values)
 
     # ------------------------------------------------------------------------------------------ shutdown
 

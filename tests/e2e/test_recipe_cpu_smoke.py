@@ -128,9 +128,15 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
             assert key in m and math.isfinite(m[key]), (step, key, sorted(m))
         assert m["timing_s/gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every row back
         assert m["onpolicy/num_tokens"] > 0
+        assert math.isfinite(m["timing_s/gym/engine/probe_logprob_mean"]), (step, sorted(m))
         assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
+    # The engine's log-probability of a fixed prompt, read before each step's rollouts: step 2 sees the weights
+    # verl synced after step 1's update (AdamW changes them even with zero advantages), step 1 the initial ones.
+    # Equal values (bit-for-bit, deterministic CPU) would mean the update never reached the rollout engine.
+    probes = [steps[s]["timing_s/gym/engine/probe_logprob_mean"] for s in sorted(steps)]
+    assert probes[0] != probes[1], f"rollout engine weights did not change after step 1: {probes}"
     print(
-        f"recipe: {wall:.0f}s wall; per step "
+        f"engine probe logprob per step: {probes}; recipe: {wall:.0f}s wall; per step "
         + ", ".join(
             f"{s}: gen {m['timing_s/gen']:.1f}s step {m['timing_s/step']:.1f}s "
             f"gap {m['onpolicy/logprob_abs_diff_mean']:.1e} k3 {m['onpolicy/kl_k3']:.1e}"
