@@ -94,7 +94,10 @@ fi
 find_gym_python() {
   # NGV_GYM_PYTHON wins; otherwise the newest Python >=3.12 on PATH or under pyenv. Prints "path version".
   if [ -n "${NGV_GYM_PYTHON:-}" ]; then
-    echo "$NGV_GYM_PYTHON $("$NGV_GYM_PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')"
+    local v
+    v="$("$NGV_GYM_PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)" ||
+      die "NGV_GYM_PYTHON=$NGV_GYM_PYTHON does not run. Point it at a Python >=3.13.14 (or >=3.12 for the fallback), or unset it."
+    echo "$NGV_GYM_PYTHON $v"
     return
   fi
   local c v
