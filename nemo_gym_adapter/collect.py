@@ -19,7 +19,6 @@ import logging
 import sys
 import tempfile
 import time
-import urllib.parse
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
@@ -219,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_gym_adapter import paths
     from nemo_gym_adapter.errors import AdapterError
     from nemo_gym_adapter.gym_servers import gym_package_root
-    from nemo_gym_adapter.rollout_client import BlockingRolloutClient, GymRoutes, RolloutClientConfig
+    from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
 
     gym_root = Path(gym_package_root(paths.gym_venv()))
     configs = [f"resources_servers/{env}/configs/{env}.yaml" for env in args.envs]
@@ -238,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         with ExitStack() as stack:
             t_setup = time.monotonic()
             gym = start_or_attach(args, stack, configs, agents)
-            instances = [inst.model_dump() for inst in gym.server_instances().values()]
-            head_host = urllib.parse.urlsplit(gym.head_url).hostname or "127.0.0.1"
-            routes = GymRoutes.from_config(gym.global_config(), instances, head_host=head_host)
+            routes = gym.routes()
             setup_s = time.monotonic() - t_setup
             config = RolloutClientConfig(
                 max_concurrency=args.concurrency,

@@ -358,8 +358,9 @@ class GymServers:
 
         from nemo_gym_adapter.rollout_client import GymRoutes  # lazy: aiohttp is only needed when routing
 
+        instances = [inst.model_dump() for inst in self.server_instances().values()]
         head_host = urllib.parse.urlsplit(self.head_url).hostname or "127.0.0.1"
-        return GymRoutes.from_config(self.global_config(), head_host=head_host)
+        return GymRoutes.from_config(self.global_config(), instances, head_host=head_host)
 
     def environment_servers_by_agent(self) -> dict[str, list[str]]:
         """Agent instance name -> the environment servers fronting it (Gym's collector routes through these)."""

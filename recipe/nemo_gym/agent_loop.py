@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -226,11 +225,9 @@ class NemoGymAgentLoopManager(AgentLoopManager):
             (self.gym.run_dir / PID_FILE).write_text(json.dumps(record) + "\n")
 
     def _build_client(self) -> None:
-        from nemo_gym_adapter.rollout_client import BlockingRolloutClient, GymRoutes, RolloutClientConfig
+        from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
 
-        instances = [inst.model_dump() for inst in self.gym.server_instances().values()]
-        head_host = urllib.parse.urlsplit(self.gym.head_url).hostname or "127.0.0.1"
-        routes = GymRoutes.from_config(self.gym.global_config(), instances, head_host=head_host)
+        routes = self.gym.routes()
         client = self.recipe.gym.client
         self.client = BlockingRolloutClient(
             routes,
