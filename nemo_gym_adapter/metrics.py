@@ -10,7 +10,8 @@ replaced by ``_`` so loggers do not nest it). Definitions:
 * ``masked_rate``, ``masked_rate/<reason>``: share of samples masked, overall and for every
   :class:`~nemo_gym_adapter.trajectory.MaskReason` (always present, so charts have stable keys).
 * ``num_turns_mean``, ``generated_tokens_mean``/``_max`` (sampled tokens), ``truncation_rate``: over unmasked.
-* ``contiguity_failure_rate``: share of samples whose token history broke (masked or truncated because of it).
+* ``contiguity_failure_rate``: share of samples whose token history broke (masked or truncated because of it);
+  ``contiguity_rate`` is its complement (the on-policy health number people watch).
 * ``failure_kind_rate``: share of results on which Gym named a ``failure_kind`` (masked or not).
 * ``latency_p50``/``_p95``/``_max`` (seconds, linear interpolation): samples with a known latency.
 """
@@ -53,6 +54,7 @@ def _scope_metrics(trajs: Sequence[Trajectory], threshold: float | None) -> dict
         out["generated_tokens_max"] = float(max(generated))
         out["truncation_rate"] = float(np.mean([t.truncated for t in valid]))
     out["contiguity_failure_rate"] = float(np.mean([t.contiguity_failure for t in trajs]))
+    out["contiguity_rate"] = 1.0 - out["contiguity_failure_rate"]
     gym_kinds = [t.failure_kind for t in trajs if t.failure_kind and not t.failure_kind.startswith("client:")]
     out["failure_kind_rate"] = len(gym_kinds) / n
     latencies = np.array([t.latency_s for t in trajs if t.latency_s is not None], dtype=np.float64)

@@ -279,8 +279,6 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         trajectories, padded = postprocess(outcomes, envs, traj_cfg, pad_token_id=self.pad_token_id)
         output = DataProto.from_dict(tensors=padded.tensors, non_tensors=padded.non_tensors)
         metrics = compute_metrics(trajectories, success_threshold=self.recipe.gym.metrics.success_threshold)
-        for key in [k for k in metrics if k.endswith("/contiguity_failure_rate")]:
-            metrics[key.replace("contiguity_failure_rate", "contiguity_rate")] = 1.0 - metrics[key]
         probe = self._engine_probe()
         if probe is not None:
             metrics["gym/engine/probe_logprob_mean"] = probe

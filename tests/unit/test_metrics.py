@@ -71,6 +71,7 @@ def test_turns_tokens_truncation_contiguity_failure_kinds():
     assert m["gym/all/generated_tokens_mean"] == 4.5 and m["gym/all/generated_tokens_max"] == 7.0
     assert m["gym/all/truncation_rate"] == 0.5
     assert m["gym/all/contiguity_failure_rate"] == 0.5
+    assert m["gym/all/contiguity_rate"] == 0.5
     assert m["gym/all/failure_kind_rate"] == 0.25  # client failures are counted as masked reasons, not kinds
 
 
