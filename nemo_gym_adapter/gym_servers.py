@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.procs import ManagedProcess, free_port, kill_tree, log_tail
+from nemo_gym_adapter.routing import GymRoutes
 
 TRAINING_MODEL_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 _API_KEY_ENV = "NGV_GYM_POLICY_API_KEY"  # the key reaches Gym via ${oc.env:...}, never argv or a file
@@ -352,11 +353,9 @@ class GymServers:
         except (AttributeError, TypeError, ValueError, KeyError) as e:
             raise GymServerError(f"Gym has no server instance {name!r} (head {self.head_url})") from e
 
-    def routes(self) -> Any:
-        """This Gym's agent → environment-server routes (``rollout_client.GymRoutes``: one routing rule for both)."""
+    def routes(self) -> GymRoutes:
+        """This Gym's agent → environment-server routes (:class:`routing.GymRoutes`: one routing rule for both)."""
         import urllib.parse
-
-        from nemo_gym_adapter.rollout_client import GymRoutes  # lazy: aiohttp is only needed when routing
 
         instances = [inst.model_dump() for inst in self.server_instances().values()]
         head_host = urllib.parse.urlsplit(self.head_url).hostname or "127.0.0.1"

@@ -2,11 +2,8 @@
 
 Gym runs in its own venv; this module only speaks HTTP (aiohttp) and never imports ``nemo_gym``.
 
-Routing (what Gym's own collector does, computed once per Gym by :class:`GymRoutes`): each row names its agent
-(``agent_ref`` as ``{"name": ...}`` or a string, or a 0.7 ``task_source`` naming the config instance that declared
-its dataset); the row is POSTed to ``/run`` of the *environment server* that fronts that agent (Gym 0.7 puts an
-auto ``legacy_agent`` relay in front of any agent without one). The environment server's host and port come from
-the head server's ``/global_config_dict_yaml``, with ``/server_instances`` as a fallback.
+Each row is POSTed to ``/run`` of the environment server fronting its agent (:class:`routing.GymRoutes`, computed
+once per Gym); a row that cannot be routed is never sent.
 
 Failure policy (STYLE.md §5): one retry point (:meth:`RolloutClient._post_with_retries`), retrying connection
 errors only, capped and logged. A timeout or an HTTP error answer is never retried: the rollout may have run
@@ -33,8 +30,8 @@ try:  # parsing token-id-heavy results is most of the client's CPU; orjson does 
 except ImportError:  # pragma: no cover - optional speed-up, same results
     orjson = None
 
-from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, DatasetError, GymServerError
-from nemo_gym_adapter.routing import env_name_of
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
+from nemo_gym_adapter.routing import GymRoutes, Route, Unroutable
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +41,6 @@ T = TypeVar("T")
 TIMEOUT = "timeout"
 CONNECTION = "connection"
 BAD_JSON = "bad_json"
-UNKNOWN_AGENT = "unknown_agent"
-AMBIGUOUS_AGENT = "ambiguous_agent"
 CLIENT_ERROR = "client_error"
 
 # uvicorn (Gym's servers) closes idle keep-alive connections after 5 s. Reusing one just as the server closes it
@@ -131,160 +126,6 @@ def apply_overrides(row: Mapping[str, Any], agent: str, overrides: Mapping[str, 
     # Gym's collector stamps the resolved agent too, so results carry it whatever the row routed by.
     body["agent_ref"] = {"name": agent}
     return body
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where an agent's rows go: the environment server (top-level config instance ``server``) fronting it."""
-
-    server: str
-    base_url: str
-
-    @property
-    def run_url(self) -> str:
-        return f"{self.base_url}/run"
-
-
-class GymRoutes:
-    """Agent name → the environment server serving its ``/run``; built once per Gym, shared by every batch.
-
-    Mirrors Gym 0.7's collector: an environment server fronts every agent its config references (fields whose
-    value has ``type: responses_api_agents``, or ``agent_server`` without a type); a row routed by agent needs
-    exactly one such server. ``task_source`` names the instance that declared the row's dataset: an agent
-    itself, or a resources server whose dataset pins an ``agent:`` or that exactly one agent uses.
-    """
-
-    def __init__(self, servers_by_agent: Mapping[str, Sequence[Route]], task_sources: Mapping[str, str]) -> None:
-        self.servers_by_agent = {agent: tuple(routes) for agent, routes in servers_by_agent.items()}
-        self.task_sources = dict(task_sources)
-
-    @classmethod
-    def from_config(
-        cls,
-        global_config: Mapping[str, Any],
-        server_instances: Sequence[Mapping[str, Any]] = (),
-        head_host: str = "127.0.0.1",
-    ) -> GymRoutes:
-        """Build from Gym's global config dict and (optionally) the head server's ``/server_instances`` list."""
-        instance_urls = {
-            str(inst.get("process_name") or inst.get("config_path")): inst.get("url")
-            for inst in server_instances
-            if isinstance(inst, Mapping) and inst.get("url")
-        }
-        blocks = {str(name): block for name, block in global_config.items() if isinstance(block, Mapping)}
-        servers_by_agent: dict[str, list[Route]] = {}
-        for name, block in blocks.items():
-            for inner in _inner_configs(block, "environment_servers"):
-                route = Route(name, _base_url(name, inner, instance_urls.get(name), head_host))
-                for field_name, ref in inner.items():
-                    is_agent_ref = isinstance(ref, Mapping) and (
-                        ref.get("type") == "responses_api_agents"
-                        or (field_name == "agent_server" and not ref.get("type"))
-                    )
-                    if is_agent_ref and ref.get("name"):
-                        servers_by_agent.setdefault(str(ref["name"]), []).append(route)
-        return cls(servers_by_agent, _task_source_agents(blocks))
-
-    @classmethod
-    def fetch_blocking(cls, head_url: str, timeout_s: float = 30.0) -> GymRoutes:
-        """Ask a running Gym's head server for its config and server instances (two GETs)."""
-        import urllib.parse
-
-        import yaml
-
-        head_url = head_url.rstrip("/")
-        config_payload = json.loads(_get(head_url, "/global_config_dict_yaml", timeout_s))
-        # FastAPI wraps the YAML text in a JSON string; accept a plain mapping too.
-        global_config = yaml.safe_load(config_payload) if isinstance(config_payload, str) else config_payload
-        instances = json.loads(_get(head_url, "/server_instances", timeout_s))
-        if not isinstance(global_config, Mapping) or not isinstance(instances, list):
-            raise GymServerError(f"head server {head_url}: unexpected /global_config_dict_yaml or /server_instances")
-        head_host = urllib.parse.urlsplit(head_url).hostname or "127.0.0.1"
-        return cls.from_config(global_config, instances, head_host)
-
-    @classmethod
-    async def fetch(cls, head_url: str, timeout_s: float = 30.0) -> GymRoutes:
-        """:meth:`fetch_blocking` without blocking the event loop (runs once per Gym, so a thread is fine)."""
-        return await asyncio.to_thread(cls.fetch_blocking, head_url, timeout_s)
-
-    @property
-    def agents(self) -> list[str]:
-        return sorted(self.servers_by_agent)
-
-    def resolve(self, row: Mapping[str, Any], index: int = -1) -> tuple[str, Route] | RolloutFailure:
-        """``(agent, route)`` for a row, or a failure record saying why it cannot be routed.
-
-        The agent comes from :func:`routing.env_name_of` (``agent_ref`` first, then ``task_source`` through this
-        Gym's map), so the dataset, the metrics and dispatch agree on one name per row.
-        """
-        try:
-            agent = env_name_of(row, where=f"row {index}", task_source_map=self.task_sources)
-        except DatasetError as e:
-            return RolloutFailure(UNKNOWN_AGENT, f"{e} (agents: {self.agents})")
-        routes = self.servers_by_agent.get(agent, ())
-        if not routes:
-            return RolloutFailure(
-                UNKNOWN_AGENT,
-                f"row {index}: agent {agent!r} is not fronted by any environment server of this Gym "
-                f"(agents: {self.agents})",
-            )
-        if len(routes) > 1:
-            names = sorted(r.server for r in routes)
-            return RolloutFailure(
-                AMBIGUOUS_AGENT, f"row {index}: agent {agent!r} is fronted by several servers {names}"
-            )
-        return agent, routes[0]
-
-
-def _inner_configs(block: Mapping[str, Any], server_type: str) -> list[Mapping[str, Any]]:
-    """The implementation configs under ``<instance>.<server_type>.<impl>`` (normally exactly one)."""
-    servers = block.get(server_type)
-    if not isinstance(servers, Mapping):
-        return []
-    return [inner for inner in servers.values() if isinstance(inner, Mapping)]
-
-
-def _base_url(name: str, inner: Mapping[str, Any], instance_url: str | None, head_host: str) -> str:
-    host, port = inner.get("host"), inner.get("port")
-    if port:
-        # A wildcard bind address is not something to connect to: the server is on the head's machine.
-        host = head_host if host in (None, "", "0.0.0.0", "::") else host
-        return f"http://{host}:{port}"
-    if instance_url:
-        return str(instance_url).rstrip("/")
-    raise GymServerError(f"environment server {name!r}: no host/port in the Gym config and no /server_instances url")
-
-
-def _task_source_agents(blocks: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """task_source (declaring instance) → agent, for every instance that resolves to exactly one agent."""
-    uses: dict[str, list[str]] = {}  # resources server → agents that use it
-    for name, block in blocks.items():
-        for inner in _inner_configs(block, "responses_api_agents"):
-            ref = inner.get("resources_server")
-            if isinstance(ref, Mapping) and ref.get("name"):
-                uses.setdefault(str(ref["name"]), []).append(name)
-    resolved: dict[str, str] = {}
-    for name, block in blocks.items():
-        if _inner_configs(block, "responses_api_agents"):
-            resolved[name] = name
-            continue
-        for inner in _inner_configs(block, "resources_servers"):
-            pins = {d["agent"] for d in inner.get("datasets") or [] if isinstance(d, Mapping) and d.get("agent")}
-            candidates = sorted(pins) if pins else uses.get(name, [])
-            if len(candidates) == 1:
-                resolved[name] = str(candidates[0])
-    return resolved
-
-
-def _get(head_url: str, path: str, timeout_s: float) -> bytes:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{head_url}{path}", timeout=timeout_s) as response:
-            return response.read()
-    except (urllib.error.URLError, OSError) as e:
-        raise GymServerError(f"head server {head_url}: GET {path} failed: {e}") from e
 
 
 def _dumps(obj: Any) -> bytes:
@@ -406,9 +247,10 @@ class RolloutClient:
             failure = RolloutFailure(CLIENT_ERROR, f"row {index} is a {type(row).__name__}, not a JSON object")
             return RolloutOutcome(index, None, None, 0.0, 0, failure=failure)
         resolved = self.routes.resolve(row, index)
-        if isinstance(resolved, RolloutFailure):
+        if isinstance(resolved, Unroutable):
             logger.warning("row %d not sent: %s", index, resolved.detail)
-            return RolloutOutcome(index, None, None, 0.0, 0, failure=resolved)
+            failure = RolloutFailure(resolved.reason, resolved.detail)
+            return RolloutOutcome(index, None, None, 0.0, 0, failure=failure)
         agent, route = resolved
         try:
             payload = _dumps(apply_overrides(row, agent, overrides))

@@ -60,7 +60,8 @@ _OURS = r"""
 import json, sys, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["repo"])
-from nemo_gym_adapter.rollout_client import BlockingRolloutClient, GymRoutes, RolloutClientConfig
+from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
+from nemo_gym_adapter.routing import GymRoutes
 
 rows = [json.loads(line) for line in open(args["rows"])]
 config = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)

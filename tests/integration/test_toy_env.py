@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers, resolve_config_paths
-from nemo_gym_adapter.rollout_client import BlockingRolloutClient, GymRoutes, RolloutClientConfig
+from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
+from nemo_gym_adapter.routing import GymRoutes
 from nemo_gym_adapter.trajectory import TrajectoryConfig, postprocess
 
 pytestmark = pytest.mark.integration

@@ -1,115 +1,25 @@
-"""Unit tests of the rollout client against fake Gym servers (aiohttp apps on free local ports).
-
-``FakeEnvServer`` stands in for an environment server's ``/run``: each row says how the fake should behave
-(``fake`` key: sleep, answer an HTTP error, drop the connection for the first N tries, answer non-JSON), and the
-fake records what it received, how many requests were in flight at once, and which headers came in.
-"""
+"""Unit tests of the rollout client against fake Gym servers (``tests/support/fake_gym.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-import threading
 import time
 from typing import Any
 
 import pytest
-from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
 from nemo_gym_adapter.procs import free_port
 from nemo_gym_adapter.rollout_client import (
     BlockingRolloutClient,
-    GymRoutes,
     RolloutClient,
     RolloutClientConfig,
     apply_overrides,
 )
-
-
-class FakeEnvServer:
-    """An aiohttp server in its own thread and loop (so sync callers can block on it), serving ``POST /run``."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.hits: dict[str, int] = {}
-        self.bodies: list[dict[str, Any]] = []
-        self.cookie_headers: list[str | None] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        assert self._ready.wait(10), "fake server did not start"
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_post("/run", self._run)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _run(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.bodies.append(body)
-        self.cookie_headers.append(request.headers.get("Cookie"))
-        fake = body.get("fake", {})
-        rid = str(body.get("id"))
-        self.hits[rid] = self.hits.get(rid, 0) + 1
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(fake.get("sleep", 0.0))
-            if self.hits[rid] <= fake.get("drop_first", 0):
-                request.transport.close()  # the client sees the connection die without an answer
-                return web.Response()
-            if "status" in fake:
-                return web.Response(status=fake["status"], text=f"fake failure for row {rid}")
-            if "raw" in fake:
-                return web.Response(text=fake["raw"])
-            response = web.json_response({"id": body.get("id"), "reward": 1.0, "echo": body})
-            response.set_cookie("session", f"secret-{rid}")
-            return response
-        finally:
-            self.in_flight -= 1
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-
-@pytest.fixture
-def fake_server():
-    server = FakeEnvServer()
-    yield server
-    server.stop()
-
-
-def routes_for(*servers: tuple[str, str]) -> GymRoutes:
-    """GymRoutes from a Gym-shaped config where agent ``name`` is fronted by a legacy_agent relay at ``url``."""
-    config: dict[str, Any] = {"head_server": {"host": "127.0.0.1", "port": 1}}
-    for name, url in servers:
-        host, port = url.removeprefix("http://").split(":")
-        config[name] = {"responses_api_agents": {"simple_agent": {"host": host, "port": 2}}}
-        config[f"{name}_environment_server"] = {
-            "environment_servers": {
-                "legacy_agent": {
-                    "host": host,
-                    "port": int(port),
-                    "agent_server": {"type": "responses_api_agents", "name": name},
-                }
-            }
-        }
-    return GymRoutes.from_config(config)
+from tests.support.fake_gym import GYM_CONFIG, FakeEnvServer, FakeHeadServer, routes_for
 
 
 def rows(n: int, agent: str = "agent_a", **fake: Any) -> list[dict[str, Any]]:
@@ -273,97 +183,6 @@ def test_config_rejects_bad_values_naming_the_key():
         RolloutClientConfig(timeout_s=0, key_prefix="trainer.gym")
 
 
-GYM_CONFIG = {
-    "head_server": {"host": "127.0.0.1", "port": 11000},
-    "policy_model": {"responses_api_models": {"vllm_model": {"host": "127.0.0.1", "port": 9001}}},
-    "weather": {"resources_servers": {"example_single_tool_call": {"host": "127.0.0.1", "port": 9002}}},
-    "weather_simple_agent": {
-        "responses_api_agents": {
-            "simple_agent": {
-                "host": "127.0.0.1",
-                "port": 9003,
-                "resources_server": {"type": "resources_servers", "name": "weather"},
-            }
-        }
-    },
-    "weather_environment_server": {
-        "environment_servers": {
-            "legacy_agent": {
-                "host": "0.0.0.0",
-                "port": 9004,
-                "agent_server": {"type": "responses_api_agents", "name": "weather_simple_agent"},
-            }
-        }
-    },
-    "twice": {"responses_api_agents": {"simple_agent": {"host": "127.0.0.1", "port": 9005}}},
-    "env_1": {"environment_servers": {"legacy_agent": {"port": 9006, "agent_server": {"name": "twice"}}}},
-    "env_2": {"environment_servers": {"legacy_agent": {"agent_server": {"name": "twice"}}}},
-}
-INSTANCES = [{"process_name": "env_2", "url": "http://10.0.0.7:9007"}]
-
-
-def test_routes_from_gym_config():
-    routes = GymRoutes.from_config(GYM_CONFIG, INSTANCES, head_host="10.0.0.5")
-    agent, route = routes.resolve({"agent_ref": {"name": "weather_simple_agent"}})
-    # The row goes to the environment server fronting the agent, never to the agent's own port.
-    assert (agent, route.server, route.run_url) == (
-        "weather_simple_agent",
-        "weather_environment_server",
-        "http://10.0.0.5:9004/run",
-    )
-    # task_source naming the resources server resolves through the one agent that uses it.
-    assert routes.resolve({"task_source": "weather"})[1].server == "weather_environment_server"
-    assert routes.resolve({"task_source": "weather_simple_agent"})[0] == "weather_simple_agent"
-    ambiguous = routes.resolve({"agent_ref": "twice"}, index=7)
-    assert ambiguous.reason == "ambiguous_agent" and "env_1" in ambiguous.detail and "row 7" in ambiguous.detail
-    assert routes.resolve({"task_source": "policy_model"}).reason == "unknown_agent"
-    assert sorted(r.base_url for r in routes.servers_by_agent["twice"]) == [
-        "http://10.0.0.5:9006",
-        "http://10.0.0.7:9007",
-    ]
-
-
-def test_route_without_address_names_the_server():
-    with pytest.raises(GymServerError, match="env_2"):
-        GymRoutes.from_config(GYM_CONFIG)
-
-
-class FakeHeadServer(FakeEnvServer):
-    """Serves the two head-server GETs the way Gym 0.7 does (the YAML config wrapped in a JSON string)."""
-
-    def __init__(self, config: dict[str, Any] = GYM_CONFIG) -> None:
-        self.config = config
-        super().__init__()
-
-    def _serve(self) -> None:
-        import yaml
-
-        async def config(_: web.Request) -> web.Response:
-            return web.json_response(yaml.safe_dump(self.config))
-
-        async def instances(_: web.Request) -> web.Response:
-            return web.json_response(INSTANCES)
-
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_get("/global_config_dict_yaml", config)
-        app.router.add_get("/server_instances", instances)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-
-async def test_routes_fetched_from_head_server():
-    head = FakeHeadServer()
-    try:
-        routes = await GymRoutes.fetch(head.url)
-    finally:
-        head.stop()
-    assert routes.resolve({"agent_ref": "weather_simple_agent"})[1].base_url == "http://127.0.0.1:9004"
-
-
 def test_blocking_client_connects_through_the_head_server(fake_server):
     config = copy.deepcopy(GYM_CONFIG)
     config["weather_environment_server"]["environment_servers"]["legacy_agent"]["port"] = fake_server.port
@@ -378,12 +197,6 @@ def test_blocking_client_connects_through_the_head_server(fake_server):
     assert {o.server for o in out} == {"weather_environment_server"}
     with pytest.raises(AdapterError, match="closed"):
         client.run(rows(1))
-
-
-def test_unreachable_head_server_names_it():
-    url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(GymServerError, match=f"head server {url}"):
-        GymRoutes.fetch_blocking(url, timeout_s=2)
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5), st.lists, max_leaves=5)

@@ -1,4 +1,4 @@
-"""Unit tests of ``agent_ref`` / ``task_source`` → environment name normalisation."""
+"""Unit tests of ``agent_ref`` / ``task_source`` → environment name normalisation, and of ``GymRoutes``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_gym_adapter.errors import DatasetError
-from nemo_gym_adapter.routing import agent_ref_name, env_name_of
+from nemo_gym_adapter.errors import DatasetError, GymServerError
+from nemo_gym_adapter.procs import free_port
+from nemo_gym_adapter.routing import GymRoutes, agent_ref_name, env_name_of
+from tests.support.fake_gym import GYM_CONFIG, INSTANCES, FakeHeadServer
 
 NAMES = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1, max_size=40)
 
@@ -74,3 +76,47 @@ def test_malformed_task_source():
         env_name_of({"task_source": 3})
     with pytest.raises(DatasetError, match="task_source must be a non-empty string, got ''"):
         env_name_of({"task_source": ""})
+
+
+# ------------------------------------------------------------------------------ GymRoutes: agent -> environment server
+
+
+def test_routes_from_gym_config():
+    routes = GymRoutes.from_config(GYM_CONFIG, INSTANCES, head_host="10.0.0.5")
+    agent, route = routes.resolve({"agent_ref": {"name": "weather_simple_agent"}})
+    # The row goes to the environment server fronting the agent, never to the agent's own port.
+    assert (agent, route.server, route.run_url) == (
+        "weather_simple_agent",
+        "weather_environment_server",
+        "http://10.0.0.5:9004/run",
+    )
+    # task_source naming the resources server resolves through the one agent that uses it.
+    assert routes.resolve({"task_source": "weather"})[1].server == "weather_environment_server"
+    assert routes.resolve({"task_source": "weather_simple_agent"})[0] == "weather_simple_agent"
+    ambiguous = routes.resolve({"agent_ref": "twice"}, index=7)
+    assert ambiguous.reason == "ambiguous_agent" and "env_1" in ambiguous.detail and "row 7" in ambiguous.detail
+    assert routes.resolve({"task_source": "policy_model"}).reason == "unknown_agent"
+    assert sorted(r.base_url for r in routes.servers_by_agent["twice"]) == [
+        "http://10.0.0.5:9006",
+        "http://10.0.0.7:9007",
+    ]
+
+
+def test_route_without_address_names_the_server():
+    with pytest.raises(GymServerError, match="env_2"):
+        GymRoutes.from_config(GYM_CONFIG)
+
+
+async def test_routes_fetched_from_head_server():
+    head = FakeHeadServer()
+    try:
+        routes = await GymRoutes.fetch(head.url)
+    finally:
+        head.stop()
+    assert routes.resolve({"agent_ref": "weather_simple_agent"})[1].base_url == "http://127.0.0.1:9004"
+
+
+def test_unreachable_head_server_names_it():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(GymServerError, match=f"head server {url}"):
+        GymRoutes.fetch_blocking(url, timeout_s=2)
