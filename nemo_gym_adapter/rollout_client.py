@@ -5,37 +5,38 @@ Gym runs in its own venv; this module only speaks HTTP (aiohttp) and never impor
 Each row is POSTed to ``/run`` of the environment server fronting its agent (:class:`routing.GymRoutes`, computed
 once per Gym); a row that cannot be routed is never sent.
 
-Failure policy (STYLE.md §5): one retry point (:meth:`RolloutClient._post_with_retries`), retrying connection
-errors only, capped and logged. A timeout or an HTTP error answer is never retried: the rollout may have run
-(and cost minutes), so it becomes a :class:`RolloutFailure` record and the batch goes on. Every input row yields
-exactly one :class:`RolloutOutcome`.
+Failure policy (STYLE.md §5): one retry point (:func:`post_with_retries`), retrying connection errors only, capped
+and logged. A timeout or an HTTP error answer is never retried: the rollout may have run (and cost minutes), so it
+becomes a :class:`RolloutFailure` record and the batch goes on. Every input row yields exactly one
+:class:`RolloutOutcome`, handed to the caller's ``on_outcome`` hook as soon as it exists (completion order) and
+returned with the others in input order. A hook that raises fails the whole call: the rows still in flight are
+cancelled and awaited (no orphan tasks), then the hook's exception propagates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
-import threading
 import time
-from collections import Counter
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 
 try:  # parsing token-id-heavy results is most of the client's CPU; orjson does it ~5x faster (Gym's client uses it)
     import orjson
 except ImportError:  # pragma: no cover - optional speed-up, same results
-    orjson = None
+    orjson = None  # type: ignore[assignment]  # a module or None: checked before each use
 
-from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
+from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.loop_thread import LoopThread
+from nemo_gym_adapter.progress import RolloutProgress
 from nemo_gym_adapter.routing import GymRoutes, Route, Unroutable
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # Reason codes of RolloutFailure (plus "http_<status>" for any error answer).
 TIMEOUT = "timeout"
@@ -142,35 +143,16 @@ def _loads(body: bytes) -> Any:
     return orjson.loads(body) if orjson is not None else json.loads(body)
 
 
-class _Progress:
-    """A tqdm bar with rollouts/s and per-agent done counts; a no-op when disabled."""
-
-    def __init__(self, total: int, enabled: bool | None, desc: str) -> None:
-        from tqdm.auto import tqdm
-
-        # tqdm's disable=None means "off when not a TTY", which is the default we want.
-        self._bar = tqdm(total=total, desc=desc, unit="rollout", disable=None if enabled is None else not enabled)
-        self._done: Counter[str] = Counter()
-        self._failed = 0
-
-    def update(self, outcome: RolloutOutcome) -> None:
-        self._done[outcome.agent or "?"] += 1
-        self._failed += 0 if outcome.ok else 1
-        parts = [f"{name}={n}" for name, n in sorted(self._done.items())]
-        if self._failed:
-            parts.append(f"failed={self._failed}")
-        self._bar.set_postfix_str(" ".join(parts), refresh=False)
-        self._bar.update(1)
-
-    def close(self) -> None:
-        self._bar.close()
+OutcomeHook = Callable[["RolloutOutcome"], "Awaitable[None] | None"]
+"""Called once per row as soon as its outcome exists (completion order); may be sync or async."""
 
 
 class RolloutClient:
     """Async client: ``await client.run(rows)`` → one :class:`RolloutOutcome` per row, in input order.
 
     One shared ``aiohttp.ClientSession`` per client (create it inside the event loop that will use it; use
-    ``async with`` or :meth:`close`). Its connector holds at most ``max_concurrency`` connections.
+    ``async with`` or :meth:`close`). Its connector holds at most ``max_concurrency`` connections; concurrent
+    :meth:`run` calls share them, each bounded by ``max_concurrency`` on its own.
     """
 
     def __init__(self, routes: GymRoutes, config: RolloutClientConfig | None = None) -> None:
@@ -185,18 +167,7 @@ class RolloutClient:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=self.config.max_concurrency, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                # We enforce the per-rollout deadline ourselves (it spans retries), so aiohttp's own is off.
-                timeout=aiohttp.ClientTimeout(total=None),
-                # Gym's agents answer with session cookies (simple_agent relays the resources server's). A shared
-                # jar would send one rollout's session to the next; Gym's own client drops them the same way.
-                cookie_jar=aiohttp.DummyCookieJar(),
-                headers={"Content-Type": "application/json"},
-            )
+            self._session = _new_session(self.config.max_concurrency)
         return self._session
 
     async def close(self) -> None:
@@ -215,25 +186,36 @@ class RolloutClient:
         rows: Sequence[Mapping[str, Any]],
         overrides: Mapping[str, Any] | None = None,
         desc: str = "Gym rollouts",
+        on_outcome: OutcomeHook | None = None,
     ) -> list[RolloutOutcome]:
         """Run every row through its environment server's ``/run``; never raises for a single row's failure.
 
         ``overrides`` are applied to each row's ``responses_create_params`` (e.g. ``temperature``, ``top_p``,
-        ``max_output_tokens`` from the trainer's rollout config) on a copy.
+        ``max_output_tokens`` from the trainer's rollout config) on a copy. ``on_outcome`` sees each outcome the
+        moment it exists; if it raises, the rows still in flight are cancelled and awaited, then the error
+        propagates (the module docstring's failure policy).
         """
         session = self._get_session()
         slots = asyncio.Semaphore(self.config.max_concurrency)
-        progress = _Progress(len(rows), self.config.progress, desc)
 
-        async def one(index: int, row: Mapping[str, Any]) -> RolloutOutcome:
+        async def one(index: int, row: Mapping[str, Any], progress: RolloutProgress) -> RolloutOutcome:
             outcome = await self._run_one(session, slots, index, row, overrides)
             progress.update(outcome)
+            if on_outcome is not None:
+                done = on_outcome(outcome)
+                if inspect.isawaitable(done):
+                    await done
             return outcome
 
-        try:
-            return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(rows))))
-        finally:
-            progress.close()
+        with RolloutProgress(len(rows), self.config.progress, desc) as progress:
+            tasks = [asyncio.ensure_future(one(i, row, progress)) for i, row in enumerate(rows)]
+            try:
+                return list(await asyncio.gather(*tasks))
+            except BaseException:
+                for task in tasks:  # gather does not cancel the others when one raises
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
 
     async def _run_one(
         self,
@@ -263,7 +245,7 @@ class RolloutClient:
             t0 = time.monotonic()
             try:
                 result = await asyncio.wait_for(
-                    self._post_with_retries(session, route, index, payload, attempts), self.config.timeout_s
+                    post_with_retries(session, route, index, payload, attempts, self.config), self.config.timeout_s
                 )
             except asyncio.TimeoutError:
                 result = RolloutFailure(
@@ -278,107 +260,100 @@ class RolloutClient:
             return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result)
         return RolloutOutcome(index, agent, route.server, latency, attempts[0], result=result)
 
-    async def _post_with_retries(
-        self, session: aiohttp.ClientSession, route: Route, index: int, payload: bytes, attempts: list[int]
-    ) -> dict[str, Any] | RolloutFailure:
-        """The one retry point: resend on connection errors only, at most ``max_connection_retries`` times."""
-        cap = self.config.max_connection_retries
-        while True:
-            attempts[0] += 1
-            try:
-                async with session.post(route.run_url, data=payload) as response:
-                    status = response.status
-                    body = await response.read()
-                break
-            except asyncio.TimeoutError:
-                raise  # checked first: aiohttp's ServerTimeoutError is also a ClientConnectionError
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-                # Refused, reset, or the server died mid-answer: no result exists, so resending is safe.
-                if attempts[0] > cap:
-                    return RolloutFailure(
-                        CONNECTION,
-                        f"row {index}: cannot reach {route.server} ({route.run_url}) after {attempts[0]} "
-                        f"attempt(s): {e!r}",
-                    )
-                delay = self.config.retry_backoff_s * 2 ** (attempts[0] - 1)
-                logger.warning(
-                    "row %d: connection error from %s (%s), retry %d/%d in %.1fs: %r",
-                    index, route.server, route.run_url, attempts[0], cap, delay, e,
-                )  # fmt: skip
-                await asyncio.sleep(delay)
-        if status >= 400:
-            text = body[:_DETAIL_CHARS].decode("utf-8", errors="replace")
-            return RolloutFailure(
-                f"http_{status}", f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}", status
-            )
+
+def _new_session(max_concurrency: int) -> aiohttp.ClientSession:
+    """The client's HTTP session (call inside the event loop that will use it)."""
+    connector = aiohttp.TCPConnector(limit=max_concurrency, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S)
+    return aiohttp.ClientSession(
+        connector=connector,
+        # We enforce the per-rollout deadline ourselves (it spans retries), so aiohttp's own is off.
+        timeout=aiohttp.ClientTimeout(total=None),
+        # Gym's agents answer with session cookies (simple_agent relays the resources server's). A shared
+        # jar would send one rollout's session to the next; Gym's own client drops them the same way.
+        cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"Content-Type": "application/json"},
+    )
+
+
+async def post_with_retries(
+    session: aiohttp.ClientSession,
+    route: Route,
+    index: int,
+    payload: bytes,
+    attempts: list[int],
+    config: RolloutClientConfig,
+) -> dict[str, Any] | RolloutFailure:
+    """The one retry point: resend on connection errors only, at most ``max_connection_retries`` times.
+
+    ``attempts[0]`` counts the sends (a list, so the caller still knows it when a deadline cancels this).
+    """
+    cap = config.max_connection_retries
+    while True:
+        attempts[0] += 1
         try:
-            result = _loads(body)
-        except ValueError as e:  # orjson.JSONDecodeError is a ValueError too
-            result = e
-        if not isinstance(result, dict):
-            text = body[:200].decode("utf-8", errors="replace")
-            return RolloutFailure(
-                BAD_JSON, f"row {index}: {route.server} answered {status} without a JSON object ({text!r})", status
-            )
-        return result
+            async with session.post(route.run_url, data=payload) as response:
+                status = response.status
+                body = await response.read()
+            break
+        except asyncio.TimeoutError:
+            raise  # checked first: aiohttp's ServerTimeoutError is also a ClientConnectionError
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+            # Refused, reset, or the server died mid-answer: no result exists, so resending is safe.
+            if attempts[0] > cap:
+                return RolloutFailure(
+                    CONNECTION,
+                    f"row {index}: cannot reach {route.server} ({route.run_url}) after {attempts[0]} attempt(s): {e!r}",
+                )
+            delay = config.retry_backoff_s * 2 ** (attempts[0] - 1)
+            logger.warning(
+                "row %d: connection error from %s (%s), retry %d/%d in %.1fs: %r",
+                index, route.server, route.run_url, attempts[0], cap, delay, e,
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+    if status >= 400:
+        text = body[:_DETAIL_CHARS].decode("utf-8", errors="replace")
+        return RolloutFailure(
+            f"http_{status}", f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}", status
+        )
+    try:
+        result = _loads(body)
+    except ValueError as e:  # orjson.JSONDecodeError is a ValueError too
+        result = e
+    if not isinstance(result, dict):
+        text = body[:200].decode("utf-8", errors="replace")
+        return RolloutFailure(
+            BAD_JSON, f"row {index}: {route.server} answered {status} without a JSON object ({text!r})", status
+        )
+    return result
 
 
 class BlockingRolloutClient:
-    """Synchronous facade for non-async callers (verl's ``generate_sequences`` is sync).
-
-    Owns a dedicated event loop in a daemon thread, so it works whether or not the calling thread already runs
-    a loop (Ray actors, Jupyter). Calls from that loop's own thread would deadlock and are refused.
-    """
+    """Synchronous facade for non-async callers: a :class:`RolloutClient` on its own :class:`LoopThread`."""
 
     def __init__(self, routes: GymRoutes, config: RolloutClientConfig | None = None) -> None:
         self.routes = routes
         self.config = config or RolloutClientConfig()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="gym-rollout-client", daemon=True)
-        self._thread.start()
+        self._loop = LoopThread("gym-rollout-client")
         self._client = RolloutClient(routes, self.config)
-        self._closed = False
 
     @classmethod
     def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> BlockingRolloutClient:
         """Fetch the routes from a running Gym's head server (blocking) and return a ready client."""
         return cls(GymRoutes.fetch_blocking(head_url), config)
 
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._closed:
-            coro.close()
-            raise AdapterError("BlockingRolloutClient is closed")
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise AdapterError("BlockingRolloutClient called from its own event-loop thread; use RolloutClient")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()  # e.g. KeyboardInterrupt: stop the in-flight requests too
-            raise
-
     def run(
         self,
         rows: Sequence[Mapping[str, Any]],
         overrides: Mapping[str, Any] | None = None,
         desc: str = "Gym rollouts",
+        on_outcome: OutcomeHook | None = None,
     ) -> list[RolloutOutcome]:
-        """Blocking :meth:`RolloutClient.run`."""
-        return self._call(self._client.run(rows, overrides=overrides, desc=desc))
+        """Blocking :meth:`RolloutClient.run` (``on_outcome`` runs in the client's loop thread)."""
+        return self._loop.run(self._client.run(rows, overrides=overrides, desc=desc, on_outcome=on_outcome))
 
     def close(self) -> None:
         """Close the HTTP session and stop the loop thread. Idempotent."""
-        if self._closed:
-            return
-        try:
-            self._call(self._client.close())
-        finally:
-            self._closed = True
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            if not self._thread.is_alive():
-                self._loop.close()
+        self._loop.close(self._client.close())
 
     def __enter__(self) -> BlockingRolloutClient:
         return self

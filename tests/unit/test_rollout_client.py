@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
@@ -159,6 +160,39 @@ async def test_cookies_from_one_rollout_never_reach_another(fake_server):
         await client.run(rows(3))
         await client.run(rows(2))
     assert fake_server.cookie_headers == [None] * 5
+
+
+async def test_on_outcome_sees_every_row_once_in_completion_order(fake_server):
+    batch = rows(4)
+    for i, row in enumerate(batch):
+        row["fake"]["sleep"] = 0.1 * (4 - i)  # the last row finishes first
+    batch.append({"agent_ref": {"name": "ghost"}, "id": 9})  # never sent: its outcome comes at once
+    seen: list[int] = []
+
+    async def hook(outcome):  # an async hook is awaited before the row counts as done
+        await asyncio.sleep(0)
+        seen.append(outcome.index)
+
+    async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast()) as client:
+        out = await client.run(batch, on_outcome=hook)
+    assert [o.index for o in out] == [0, 1, 2, 3, 4]
+    assert seen == [4, 3, 2, 1, 0]
+
+
+async def test_a_failing_hook_fails_the_call_and_cancels_the_rows_in_flight(fake_server):
+    batch = rows(5, sleep=5.0)
+    batch[0]["fake"]["sleep"] = 0.0
+
+    def hook(outcome):
+        raise RuntimeError(f"consumer broke on row {outcome.index}")
+
+    before = {t for t in asyncio.all_tasks() if not t.done()}
+    t0 = time.monotonic()
+    async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast(timeout_s=30)) as client:
+        with pytest.raises(RuntimeError, match="consumer broke on row 0"):
+            await client.run(batch, on_outcome=hook)
+    assert time.monotonic() - t0 < 4  # the four slow rows were cancelled, not waited for
+    assert {t for t in asyncio.all_tasks() if not t.done()} == before  # no orphan tasks
 
 
 def test_blocking_client_from_sync_code(fake_server):

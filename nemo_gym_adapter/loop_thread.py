@@ -1,0 +1,64 @@
+"""An asyncio event loop in a daemon thread: how synchronous callers (verl's legacy ``generate_sequences``, scripts)
+use the async rollout code.
+
+A dedicated loop works whether or not the calling thread already runs one (Ray async actors, Jupyter), and keeps
+the aiohttp session bound to one loop for its whole life. Calls from the loop's own thread would deadlock and are
+refused; a caller interrupted while waiting (``KeyboardInterrupt``) cancels the coroutine it was waiting for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from nemo_gym_adapter.errors import AdapterError
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """Runs coroutines on its own event loop, in a daemon thread named ``name``; :meth:`close` stops it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and block until it returns (or raises) in the caller's thread."""
+        if self._closed:
+            coro.close()
+            raise AdapterError(f"{self.name}: closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise AdapterError(f"{self.name}: called from its own event-loop thread; use the async API there")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt: stop the in-flight work too
+            raise
+
+    def close(self, last: Coroutine[Any, Any, Any] | None = None) -> None:
+        """Run ``last`` (e.g. closing an HTTP session), then stop the loop and join the thread. Idempotent."""
+        if self._closed:
+            if last is not None:
+                last.close()
+            return
+        try:
+            if last is not None:
+                self.run(last)
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self._loop.close()

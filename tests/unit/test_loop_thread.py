@@ -1,0 +1,52 @@
+"""Unit tests of the event-loop thread that sync callers use to run the async rollout code."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.loop_thread import LoopThread
+
+
+def test_runs_coroutines_on_its_own_thread_and_refuses_after_close():
+    loop = LoopThread("test-loop")
+
+    async def where() -> str:
+        return threading.current_thread().name
+
+    assert loop.run(where()) == "test-loop"
+    loop.close()
+    loop.close()  # idempotent
+    with pytest.raises(AdapterError, match="test-loop: closed"):
+        loop.run(where())
+
+
+def test_a_call_from_its_own_thread_is_refused_not_deadlocked():
+    loop = LoopThread("test-loop")
+
+    async def reenter() -> None:
+        async def inner() -> None:
+            return None
+
+        loop.run(inner())
+
+    try:
+        with pytest.raises(AdapterError, match="own event-loop thread"):
+            loop.run(reenter())
+    finally:
+        loop.close()
+
+
+def test_close_runs_the_last_coroutine_first():
+    loop = LoopThread("test-loop")
+    done = []
+
+    async def last() -> None:
+        await asyncio.sleep(0)
+        done.append(True)
+
+    loop.close(last())
+    assert done == [True]
