@@ -1,4 +1,4 @@
-"""Gym ``/run`` results → token trajectories → verl's padded legacy batch. Pure: no I/O, inputs never modified.
+"""Gym ``/run`` results → token trajectories (one per row). Pure: no I/O, inputs never modified.
 
 One row (:func:`build_trajectory`): the model calls of ``response.output`` (items carrying token ids) must be
 *contiguous*: the prompt of call k+1 starts with prompt_k + generation_k exactly. Then
@@ -20,19 +20,12 @@ request failed, unroutable); unparseable results; context overflow (a model call
 ``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
 :class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
 
-What a masked row looks like in the batch (chosen so it gives exactly zero gradient and is identifiable from the
-tensors a verl advantage estimator receives): its prompt is kept when known and fitting (else one pad token); its
-response is ONE pad token with attention 1, ``response_mask`` 0, logprob 0, ``rm_scores`` 0. So
-``response_mask.sum(-1) == 0`` ⇔ masked (every unmasked row has ≥ 1 sampled token) and no row has an empty
-response (verl places ``rm_scores`` at ``response_length - 1``, which would wrap to -1 on an empty row).
+A masked trajectory keeps its prompt when known and fitting (useful in logs) and has no response tokens; every
+unmasked one has at least one sampled token (what :mod:`nemo_gym_adapter.padding` relies on to make masked rows
+identifiable from ``response_mask`` alone).
 
-Batch (:func:`pad_trajectories`) follows verl 0.9.1 ``AgentLoopWorker._agent_loop_postprocess``/``_postprocess``:
-``prompts`` left-padded to ``prompt_length``; ``responses``/``response_mask``/``rollout_log_probs``
-right-padded to ``response_length``; ``input_ids``/``attention_mask`` their concatenation; ``position_ids`` =
-``compute_position_id_with_mask(attention_mask)``; ``rm_scores`` = reward on the last valid response token.
-Non-tensors: ``__num_turns__`` plus ``gym_*`` per-row info and ``multi_modal_inputs`` (the legacy trainer iterates
-that key unconditionally). No per-token Python loop anywhere: a row costs a few list-slice comparisons and numpy
-conversions (build), and one slice copy per row and per sampled span (padding).
+No per-token Python loop: a row costs a few list-slice comparisons and numpy conversions. The trajectories become
+verl tensors in :mod:`nemo_gym_adapter.padding`.
 """
 
 from __future__ import annotations
@@ -383,109 +376,3 @@ def trajectory_from_outcome(outcome: OutcomeLike, *, env_name: str, config: Traj
             row_index=outcome.index,
         )
     return build_trajectory(result, env_name=env_name, config=config, row_index=outcome.index, latency_s=latency)
-
-
-@dataclass(frozen=True)
-class PaddedBatch:
-    """verl's legacy output batch: ``tensors`` for ``TensorDict``/``DataProto.batch``, ``non_tensors`` for
-    ``DataProto.non_tensor_batch`` (numpy arrays of length ``B``)."""
-
-    tensors: dict[str, Any]
-    non_tensors: dict[str, np.ndarray]
-
-
-def pad_trajectories(
-    trajectories: Sequence[Trajectory], *, prompt_length: int, response_length: int, pad_token_id: int
-) -> PaddedBatch:
-    """Pad trajectories into verl's legacy batch (shapes in the module docstring; ``B = len(trajectories)``).
-
-    Tensors: ``prompts`` (B, P) long, left-padded; ``responses``, ``response_mask`` (long),
-    ``rollout_log_probs`` (float32), ``rm_scores`` (float32) (B, R), right-padded; ``input_ids``,
-    ``attention_mask``, ``position_ids`` (B, P + R) long. Token-less rows get one ``pad_token_id`` token.
-
-    Raises:
-        ValueError: empty batch, or a trajectory longer than ``prompt_length``/``response_length`` (build
-            trajectories with the same lengths); the message names the row.
-    """
-    import torch
-
-    B, P, R = len(trajectories), prompt_length, response_length
-    if B == 0:
-        raise ValueError("pad_trajectories: empty batch")
-    pad = np.array([pad_token_id], dtype=np.int64)
-    prompts = np.full((B, P), pad_token_id, dtype=np.int64)
-    responses = np.full((B, R), pad_token_id, dtype=np.int64)
-    mask = np.zeros((B, R), dtype=np.int64)
-    log_probs = np.zeros((B, R), dtype=np.float32)
-    p_lens = np.empty(B, dtype=np.int64)
-    r_lens = np.empty(B, dtype=np.int64)
-    # One slice copy per row and per sampled span (memcpy speed); no Python work per token.
-    for i, t in enumerate(trajectories):
-        prompt = t.prompt_ids if len(t.prompt_ids) else pad
-        response = t.response_ids if len(t.response_ids) else pad
-        if len(prompt) > P or len(response) > R:
-            name, n, limit = ("prompt", len(prompt), P) if len(prompt) > P else ("response", len(response), R)
-            raise ValueError(f"pad_trajectories: row {i} has a {name} of {n} tokens > {name}_length {limit}")
-        p_lens[i], r_lens[i] = len(prompt), len(response)
-        prompts[i, P - len(prompt) :] = prompt
-        responses[i, : len(response)] = response
-        offset = 0
-        for start, end in t.sampled_spans:
-            mask[i, start:end] = 1
-            log_probs[i, start:end] = t.sampled_logprobs[offset : offset + end - start]
-            offset += end - start
-        if offset != len(t.sampled_logprobs):  # a Trajectory invariant; guards hand-built ones
-            raise ValueError(f"pad_trajectories: row {i} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
-
-    attention_mask = np.concatenate(
-        [np.arange(P) >= (P - p_lens)[:, None], np.arange(R) < r_lens[:, None]], axis=1
-    ).astype(np.int64)
-    rm_scores = np.zeros((B, R), dtype=np.float32)
-    rm_scores[np.arange(B), r_lens - 1] = [t.reward for t in trajectories]
-    attention = torch.from_numpy(attention_mask)
-    # = verl.utils.model.compute_position_id_with_mask (importing verl costs ~20 s; equality is unit-tested).
-    position_ids = torch.clip(torch.cumsum(attention, dim=-1) - 1, min=0)
-
-    non_tensors = {
-        "__num_turns__": np.fromiter((t.num_turns for t in trajectories), dtype=np.int32, count=B),
-        "gym_env": _objects([t.env_name for t in trajectories]),
-        "gym_masked_reason": _objects([t.masked_reason.value if t.masked else "" for t in trajectories]),
-        "gym_truncated": np.fromiter((t.truncated for t in trajectories), dtype=bool, count=B),
-        "gym_contiguity_failure": np.fromiter((t.contiguity_failure for t in trajectories), dtype=bool, count=B),
-        "multi_modal_inputs": _objects([{} for _ in trajectories]),
-    }
-    tensors = {
-        "prompts": torch.from_numpy(prompts),
-        "responses": torch.from_numpy(responses),
-        "response_mask": torch.from_numpy(mask),
-        "rollout_log_probs": torch.from_numpy(log_probs),
-        "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
-        "attention_mask": attention,
-        "position_ids": position_ids,
-        "rm_scores": torch.from_numpy(rm_scores),
-    }
-    return PaddedBatch(tensors=tensors, non_tensors=non_tensors)
-
-
-def _objects(values: list[Any]) -> np.ndarray:
-    arr = np.empty(len(values), dtype=object)
-    arr[:] = values
-    return arr
-
-
-def postprocess(
-    outcomes: Sequence[OutcomeLike], env_names: Sequence[str], config: TrajectoryConfig, *, pad_token_id: int
-) -> tuple[list[Trajectory], PaddedBatch]:
-    """All of a batch's outcomes (in row order) → trajectories and the padded batch (the manager's one call)."""
-    if len(outcomes) != len(env_names):
-        raise ValueError(f"postprocess: {len(outcomes)} outcomes but {len(env_names)} env names")
-    trajectories = [
-        trajectory_from_outcome(o, env_name=e, config=config) for o, e in zip(outcomes, env_names, strict=True)
-    ]
-    batch = pad_trajectories(
-        trajectories,
-        prompt_length=config.prompt_length,
-        response_length=config.response_length,
-        pad_token_id=pad_token_id,
-    )
-    return trajectories, batch

@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from nemo_gym_adapter.trajectory import TrajectoryConfig, build_trajectory, pad_trajectories
+from nemo_gym_adapter.padding import pad_trajectories
+from nemo_gym_adapter.trajectory import TrajectoryConfig, build_trajectory
 from nemo_gym_adapter.wire import parse_run_result
 
 PAD = 0

@@ -255,7 +255,8 @@ class NemoGymAgentLoopManager(AgentLoopManager):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Run every row through Gym; return verl's legacy padded batch, one output row per input row."""
         from nemo_gym_adapter.metrics import compute_metrics
-        from nemo_gym_adapter.trajectory import TrajectoryConfig, postprocess
+        from nemo_gym_adapter.padding import postprocess
+        from nemo_gym_adapter.trajectory import TrajectoryConfig
 
         if self._closed or self.client is None:
             raise AdapterError("NemoGymAgentLoopManager.generate_sequences called after shutdown (or before start)")

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers, resolve_config_paths
+from nemo_gym_adapter.padding import postprocess
 from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
 from nemo_gym_adapter.routing import GymRoutes
-from nemo_gym_adapter.trajectory import TrajectoryConfig, postprocess
+from nemo_gym_adapter.trajectory import TrajectoryConfig
 
 pytestmark = pytest.mark.integration
 

