@@ -174,7 +174,8 @@ def print_summary(s: dict[str, Any], out=sys.stdout) -> None:
 
 def start_or_attach(args: argparse.Namespace, stack: ExitStack, configs: list[str], agents: list[str]):
     """The Gym to use (attached, or started here in front of an attached or freshly started vLLM)."""
-    from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
+    from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+    from nemo_gym_adapter.gym_servers import GymServers
 
     if args.gym_head_url:
         return GymServers.attach(args.gym_head_url)
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     # Heavy imports only after the arguments are known to be good (STYLE.md §2).
     from nemo_gym_adapter import paths
     from nemo_gym_adapter.errors import AdapterError
-    from nemo_gym_adapter.gym_servers import gym_package_root
+    from nemo_gym_adapter.gym_launch import gym_package_root
     from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
 
     gym_root = Path(gym_package_root(paths.gym_venv()))

@@ -308,7 +308,7 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
 def gym_example_path(env: str, gym_venv: str | None = None) -> str:
     """``<Gym install>/resources_servers/<env>/data/example.jsonl`` (raises ``AdapterConfigError`` if absent)."""
     from nemo_gym_adapter import paths
-    from nemo_gym_adapter.gym_servers import gym_package_root
+    from nemo_gym_adapter.gym_launch import gym_package_root
 
     root = gym_package_root(Path(gym_venv) if gym_venv else paths.gym_venv())
     path = root / "resources_servers" / env / "data" / "example.jsonl"

@@ -7,7 +7,9 @@ Rules this module enforces (see STYLE.md §8):
 - cleanup is by pid, never by name: before signalling we snapshot the whole descendant tree (psutil),
   because some children (Ray helpers, uvicorn workers) start their own sessions and would escape a
   process-group kill;
-- every live process is stopped on normal exit (atexit), on SIGTERM/SIGINT, and by the context manager.
+- every live process is stopped on normal exit (atexit), on SIGTERM/SIGINT, and by the context manager;
+- a launcher whose descendants re-parent themselves away (Ray agents) is a :class:`SessionProcess`: what is left in
+  its session after the tree is stopped is killed too.
 """
 
 from __future__ import annotations
@@ -235,6 +237,50 @@ def _install_handlers() -> None:
                     _prev(signum, frame)
 
             signal.signal(sig, chained)
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids of live processes in session ``sid`` (our launcher's own session: only Gym's processes are in it)."""
+    import psutil
+
+    out = []
+    for pid in psutil.pids():
+        try:
+            if os.getsid(pid) == sid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+class SessionProcess(ManagedProcess):
+    """A ManagedProcess whose ``stop`` also kills whatever is left in its session (the Gym launcher, a Ray head).
+
+    Also applies when ``procs.stop_all`` runs it at exit or on SIGTERM. Ray's agents outlive the raylet as orphans
+    that ignore SIGTERM; only the session id still ties them to us.
+    """
+
+    stop_timeout_s = 3.0
+
+    def stop(self, timeout: float | None = None) -> None:
+        timeout = self.stop_timeout_s if timeout is None else timeout
+        self.remember_descendants()
+        sid = self.pid  # start_new_session: the launcher leads a session whose id is its pid
+        before = set(session_members(sid))
+        super().stop(timeout=timeout)
+        leftovers = set(session_members(sid)) | {p for p in before if alive(p)}
+        if leftovers:
+            kill_tree(leftovers, timeout=2.0)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie does not count)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

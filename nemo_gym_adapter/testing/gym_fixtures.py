@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter import paths
-from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers, gym_package_root
+from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, gym_package_root
+from nemo_gym_adapter.gym_servers import GymServers
 
 SINGLE_TOOL_CALL_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 SINGLE_TOOL_CALL_AGENT = "example_single_tool_call_simple_agent"

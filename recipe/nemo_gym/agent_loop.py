@@ -187,7 +187,8 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         self._probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
 
     def _start_gym(self) -> None:
-        from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
+        from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+        from nemo_gym_adapter.gym_servers import GymServers
 
         gym = self.recipe.gym
         if gym.head_url is not None:

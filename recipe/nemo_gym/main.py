@@ -147,8 +147,7 @@ def sweep_gym(run_dir: Path | None) -> list[int]:
     record_path = run_dir / PID_FILE if run_dir is not None else None
     if record_path is None or not record_path.is_file():
         return []
-    from nemo_gym_adapter.gym_servers import session_members
-    from nemo_gym_adapter.procs import kill_tree
+    from nemo_gym_adapter.procs import kill_tree, session_members
 
     try:
         record = json.loads(record_path.read_text())

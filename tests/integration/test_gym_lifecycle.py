@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
-from nemo_gym_adapter.gym_servers import GymServers, session_members
-from nemo_gym_adapter.procs import free_port
+from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.procs import free_port, session_members
 from nemo_gym_adapter.testing.gym_fixtures import single_tool_call_spec
 
 pytestmark = pytest.mark.integration
@@ -185,7 +185,8 @@ def test_context_exit_on_exception_stops_every_pid_and_attach_never_stops(tmp_pa
 CHILD = textwrap.dedent(
     """
     import json, sys, time
-    from nemo_gym_adapter.gym_servers import GymLaunchSpec, GymServers
+    from nemo_gym_adapter.gym_launch import GymLaunchSpec
+    from nemo_gym_adapter.gym_servers import GymServers
     gym = GymServers.start(GymLaunchSpec.model_validate_json(sys.argv[1]))
     print(json.dumps({"head_url": gym.head_url, "pids": sorted(gym.pids())}), flush=True)
     time.sleep(900)

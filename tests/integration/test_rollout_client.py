@@ -44,7 +44,8 @@ OVERRIDES = {"max_output_tokens": 64, "temperature": 1.0}
 
 @pytest.fixture(scope="module")
 def gym(vllm_server):
-    from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
+    from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+    from nemo_gym_adapter.gym_servers import GymServers
 
     ray_tmp = tempfile.mkdtemp(prefix="ngv-ray-")
     spec = GymLaunchSpec(

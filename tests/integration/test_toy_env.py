@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers, resolve_config_paths
+from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, resolve_config_paths
+from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.padding import postprocess
 from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
 from nemo_gym_adapter.routing import GymRoutes
