@@ -90,7 +90,7 @@ async def bench(model_path: str, family: str, turns: int, target_tokens: int, ro
     from vllm.renderers import renderer_from_config
     from vllm.renderers.online_renderer import OnlineRenderer
 
-    from nemo_gym_adapter import vllm_patch
+    from nemo_gym_adapter import vllm_hooks, vllm_patch
 
     config = EngineArgs(model=model_path, max_model_len=16384, enforce_eager=True).create_engine_config()
     online = OnlineRenderer(
@@ -113,7 +113,7 @@ async def bench(model_path: str, family: str, turns: int, target_tokens: int, ro
     report = vllm_patch.apply_patch()
     patched = OnlineRenderer.preprocess_chat
     original = patched.__ngv_original__
-    fast_prefix = vllm_patch.fast_prefix_ids
+    fast_prefix = vllm_hooks.fast_prefix_ids
 
     async def no_fast_path(*args, **kwargs):
         return None
@@ -128,7 +128,7 @@ async def bench(model_path: str, family: str, turns: int, target_tokens: int, ro
     for i in range(rounds + 2):  # two warm-up rounds
         for name, (method, prefix_fn) in variants.items():
             OnlineRenderer.preprocess_chat = method
-            vllm_patch.fast_prefix_ids = prefix_fn
+            vllm_hooks.fast_prefix_ids = prefix_fn
             req = request()
             t0 = time.perf_counter()
             result = await online.render_chat(req)
@@ -140,7 +140,7 @@ async def bench(model_path: str, family: str, turns: int, target_tokens: int, ro
                 samples[name].append(elapsed)
             lengths[name] = len(engine_input["prompt_token_ids"])
     OnlineRenderer.preprocess_chat = patched
-    vllm_patch.fast_prefix_ids = fast_prefix
+    vllm_hooks.fast_prefix_ids = fast_prefix
     median = {name: statistics.median(v) * 1e3 for name, v in samples.items()}
     return {
         "family": family,

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from nemo_gym_adapter import vllm_patch, vllm_prefix_render
+from nemo_gym_adapter import vllm_hooks, vllm_patch, vllm_prefix_render
 from nemo_gym_adapter.errors import ServerError, SetupError, TokenAlignmentError
-from nemo_gym_adapter.vllm_patch import ContextLengthExceeded, clamp_output_budget, find_anchor, hook_target_for
+from nemo_gym_adapter.vllm_hooks import ContextLengthExceeded, clamp_output_budget, find_anchor, hook_target_for
 
 MAX_MODEL_LEN = 512
 
@@ -349,7 +349,7 @@ async def test_slow_prefix_path_gives_the_same_prompt(patched_renderer, qwen_tok
     async def unavailable(*args, **kwargs):
         return None
 
-    monkeypatch.setattr(vllm_patch, "fast_prefix_ids", unavailable)
+    monkeypatch.setattr(vllm_hooks, "fast_prefix_ids", unavailable)
     patched_renderer.calls.clear()
     _, (slow,) = await _render(patched_renderer, FakeChatRequest(messages=messages, max_tokens=16))
     assert slow["prompt_token_ids"] == fast["prompt_token_ids"] == _expected(qwen_tokenizer, messages, history)
