@@ -1,0 +1,93 @@
+"""What the policy's vLLM servers say about themselves, over their OpenAI HTTP API (no verl, no vLLM import).
+
+* :func:`read_model_card`: the served model name and ``max_model_len`` from ``GET /v1/models`` of every replica
+  (they must all serve the same model; the context length is the smallest any of them reports). verl serves the
+  local model path as the name, and Gym must ask for exactly that name.
+* :func:`probe_logprob`: the mean log-probability one replica gives a fixed prompt (``/v1/completions`` with
+  ``prompt_logprobs``), with the weights it serves right now. Read once per step it moves only when the trainer's
+  weight sync changed the engine: a step-over-step check that training reaches the rollout engine.
+
+Addresses are verl's replica keys, ``"host:port"`` (``"[v6]:port"`` for IPv6), or OpenAI base URLs (``…/v1``);
+:func:`base_url` turns one into the OpenAI base URL Gym's model server is given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from nemo_gym_adapter.errors import ServerError
+
+logger = logging.getLogger(__name__)
+
+# The engine probe's prompt: plain text every tokenizer splits into a dozen tokens or more.
+PROBE_TEXT = "The weather in Paris is sunny and the city is quiet today."
+
+
+def base_url(address: str) -> str:
+    """``"host:port"`` → ``"http://host:port/v1"``; a URL (any OpenAI-compatible ``…/v1``) is kept as it is."""
+    return address.rstrip("/") if "://" in address else f"http://{address}/v1"
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """What the replicas serve: the model ``name`` requests must use, and the smallest ``max_model_len`` any of them
+    reports (None when none does)."""
+
+    name: str
+    max_model_len: int | None
+
+
+def read_model_card(replicas: Mapping[str, str], timeout_s: float = 60.0) -> ModelCard:
+    """``GET /v1/models`` of every replica (``{address: label}``; the label, e.g. the Ray actor name, goes in errors).
+
+    Raises:
+        ServerError: a replica does not answer or answers without a model, or the replicas serve different models.
+    """
+    names, lengths = set(), set()
+    for address, label in replicas.items():
+        url = f"{base_url(address)}/models"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                card = json.load(response)["data"][0]
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            raise ServerError(f"vLLM replica {address} ({label}): GET {url} failed: {e}") from e
+        names.add(card["id"])
+        lengths.add(card.get("max_model_len"))
+    if len(names) != 1:
+        raise ServerError(f"vLLM replicas serve different models: {sorted(names)}")
+    return ModelCard(name=names.pop(), max_model_len=min((n for n in lengths if n), default=None))
+
+
+def effective_max_model_len(configured: int | None, served: int | None) -> int | None:
+    """The context length trajectories are budgeted against: the smaller of the configured and the served one."""
+    if configured is not None and served is not None:
+        return min(configured, served)
+    return configured or served
+
+
+def probe_logprob(address: str, model: str, token_ids: Sequence[int], timeout_s: float = 60.0) -> float | None:
+    """Mean log-probability of ``token_ids[1:]`` given their prefix, from the replica at ``address``.
+
+    A failed probe never fails a step: it is logged and None is returned (as for a prompt under two tokens).
+    """
+    ids = [int(t) for t in token_ids]
+    if len(ids) < 2:
+        return None
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    request = urllib.request.Request(
+        f"{base_url(address)}/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            entries = json.load(response)["choices"][0]["prompt_logprobs"]
+        values = [float(entry[str(tok)]["logprob"]) for tok, entry in zip(ids[1:], entries[1:], strict=True)]
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        logger.warning("engine probe on %s failed: %s", address, e)
+        return None
+    return sum(values) / len(values)
