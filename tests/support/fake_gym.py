@@ -1,8 +1,9 @@
 """Fake NeMo Gym servers for unit tests: aiohttp apps on free local ports, each in its own thread and loop.
 
 ``FakeEnvServer`` stands in for an environment server's ``/run``: each row says how the fake should behave
-(``fake`` key: sleep, answer an HTTP error, drop the connection for the first N tries, answer non-JSON), and the
-fake records what it received, how many requests were in flight at once, and which headers came in.
+(``fake`` key: sleep, answer an HTTP error, drop the connection for the first N tries, answer non-JSON or a given
+``result``), and the fake records what it received, how many requests were in flight at once, and which headers
+came in.
 ``FakeHeadServer`` serves the head server's two GETs (``/global_config_dict_yaml``, ``/server_instances``).
 ``GYM_CONFIG`` is a Gym-shaped global config; :func:`routes_for` builds routes to fake environment servers.
 """
@@ -64,6 +65,8 @@ class FakeEnvServer:
                 return web.Response(status=fake["status"], text=f"fake failure for row {rid}")
             if "raw" in fake:
                 return web.Response(text=fake["raw"])
+            if "result" in fake:  # a Gym-shaped /run result, returned as it is
+                return web.json_response(fake["result"])
             response = web.json_response({"id": body.get("id"), "reward": 1.0, "echo": body})
             response.set_cookie("session", f"secret-{rid}")
             return response

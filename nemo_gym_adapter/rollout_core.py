@@ -1,0 +1,209 @@
+"""One step's rollouts, trainer-agnostic: rows → NeMo Gym → outcomes → token trajectories → metrics.
+
+Every trainer path is a thin adapter over :class:`RolloutCore` (it never imports verl): verl's legacy manager pads the
+trajectories into a ``DataProto``; the v1 manager puts each row into TransferQueue as it finishes; ``collect`` writes
+JSONL. One step::
+
+    async with RolloutCore(routes, TrajectoryConfig(prompt_length=P, response_length=R)) as core:
+        step = await core.run_step(rows, envs, {"temperature": 1.0}, on_row=put_into_queue)
+    step.rows            # RowResult per input row, in input order: index, env, outcome, trajectory
+    step.trajectories    # the same trajectories, in input order
+    step.metrics         # metrics.compute_metrics(...) + "<prefix>/timing/{rollout_s,rollouts_per_s}"
+
+Rows are sent to Gym unmodified (``rollout_client.apply_overrides`` copies them), except that a row without routing
+(neither ``agent_ref`` nor ``task_source``: Gym's bundled examples, routed by a default agent) is sent with
+``agent_ref`` = its environment name. Every input row yields exactly one :class:`RowResult`: a row Gym could not
+serve is a masked trajectory with a counted reason (``trajectory.MaskReason``), never an exception.
+
+``on_row`` (sync or async) is called once per row as soon as its trajectory is built, in completion order, inside
+the event loop that runs the step. **When it raises**, the step fails loudly: the rows still in flight are
+cancelled and awaited (no orphan tasks; Gym may still finish them server-side, their results are dropped) and
+:class:`RowCallbackError` is raised, naming the row and chaining the callback's exception. The same holds for a
+``TokenAlignmentError`` from ``contiguity="raise"``. Concurrent ``run_step`` calls on one core are allowed (each has
+its own concurrency bound; they share the HTTP connection pool).
+
+:class:`BlockingRolloutCore` is the same for synchronous callers (verl's legacy ``generate_sequences``): the core on
+its own event-loop thread (``loop_thread.LoopThread``), ``on_row`` running in that thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.loop_thread import LoopThread
+from nemo_gym_adapter.metrics import compute_metrics
+from nemo_gym_adapter.rollout_client import RolloutClient, RolloutClientConfig, RolloutOutcome
+from nemo_gym_adapter.routing import GymRoutes
+from nemo_gym_adapter.trajectory import Trajectory, TrajectoryConfig, trajectory_from_outcome
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """One input row after Gym: its position in the step, environment, the client's outcome and the trajectory."""
+
+    index: int
+    env: str
+    outcome: RolloutOutcome
+    trajectory: Trajectory
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A step's rows in input order, its metrics (flat, for a trainer's logger) and timings (seconds)."""
+
+    rows: list[RowResult]
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        return [row.trajectory for row in self.rows]
+
+
+RowCallback = Callable[[RowResult], "Awaitable[None] | None"]
+
+
+class RowCallbackError(AdapterError):
+    """``on_row`` raised for row ``row_index``; the step was aborted (its ``__cause__`` is the callback's error)."""
+
+    def __init__(self, message: str, row_index: int) -> None:
+        super().__init__(message)
+        self.row_index = row_index
+
+
+class RolloutCore:
+    """Runs a step's rows through Gym and turns what comes back into trajectories and metrics (module docstring).
+
+    Args:
+        routes: the running Gym's routes (``GymServers.routes()`` or ``GymRoutes.fetch``).
+        trajectory: lengths and masking policy of the trajectories (the trainer's prompt/response lengths).
+        client: HTTP knobs (concurrency, timeout, retries, progress bar).
+        success_threshold: reward at or above which a sample counts as a success (default: reward > 0).
+        metrics_prefix: first part of every metric key.
+
+    Create it (or at least call :meth:`run_step` first) inside the event loop that will use it: the HTTP session
+    belongs to that loop. ``async with`` or :meth:`aclose` closes it.
+    """
+
+    def __init__(
+        self,
+        routes: GymRoutes,
+        trajectory: TrajectoryConfig,
+        client: RolloutClientConfig | None = None,
+        *,
+        success_threshold: float | None = None,
+        metrics_prefix: str = "gym",
+    ) -> None:
+        self.routes = routes
+        self.trajectory = trajectory
+        self.success_threshold = success_threshold
+        self.metrics_prefix = metrics_prefix
+        self.client = RolloutClient(routes, client)
+
+    async def run_step(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        envs: Sequence[str],
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        on_row: RowCallback | None = None,
+        desc: str = "Gym rollouts",
+    ) -> StepResult:
+        """Run ``rows`` (environment ``envs[i]`` each) with ``responses_create_params`` ``overrides``.
+
+        Returns one :class:`RowResult` per row in input order; raises :class:`RowCallbackError` when ``on_row``
+        raises (the step is aborted, see the module docstring) and ``ValueError`` when the lengths differ.
+        """
+        if len(rows) != len(envs):
+            raise ValueError(f"run_step: {len(rows)} rows but {len(envs)} environment names")
+        results: list[RowResult | None] = [None] * len(rows)
+
+        async def row_done(outcome: RolloutOutcome) -> None:
+            env = envs[outcome.index]
+            row = RowResult(
+                outcome.index, env, outcome, trajectory_from_outcome(outcome, env_name=env, config=self.trajectory)
+            )
+            results[outcome.index] = row
+            if on_row is None:
+                return
+            try:
+                done = on_row(row)
+                if inspect.isawaitable(done):
+                    await done
+            except Exception as e:
+                raise RowCallbackError(
+                    f"on_row failed for row {row.index} ({env}): {e!r}; the step is aborted and its rows still in "
+                    "flight are cancelled",
+                    row.index,
+                ) from e
+
+        t0 = time.perf_counter()
+        sent = [_routed(row, env) for row, env in zip(rows, envs, strict=True)]
+        await self.client.run(sent, overrides=overrides, desc=desc, on_outcome=row_done)
+        rollout_s = time.perf_counter() - t0
+        done_rows = [row for row in results if row is not None]
+        if len(done_rows) != len(rows):  # the client yields one outcome per row; anything else is a bug
+            raise AdapterError(f"run_step: {len(rows) - len(done_rows)} of {len(rows)} rows came back without a result")
+        metrics = compute_metrics(
+            [row.trajectory for row in done_rows], prefix=self.metrics_prefix, success_threshold=self.success_threshold
+        )
+        timings = {"rollout_s": rollout_s, "rollouts_per_s": len(rows) / rollout_s if rollout_s > 0 else 0.0}
+        metrics.update({f"{self.metrics_prefix}/timing/{k}": v for k, v in timings.items()})
+        return StepResult(rows=done_rows, metrics=metrics, timings=timings)
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (idempotent)."""
+        await self.client.close()
+
+    async def __aenter__(self) -> RolloutCore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class BlockingRolloutCore:
+    """:class:`RolloutCore` for synchronous callers: the core runs on its own event-loop thread.
+
+    ``core`` must not have run a step on another event loop (its HTTP session belongs to the first loop it ran in).
+    """
+
+    def __init__(self, core: RolloutCore) -> None:
+        self.core = core
+        self._loop = LoopThread("gym-rollout-core")
+
+    def run_step(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        envs: Sequence[str],
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        on_row: RowCallback | None = None,
+        desc: str = "Gym rollouts",
+    ) -> StepResult:
+        """Blocking :meth:`RolloutCore.run_step` (``on_row`` runs in the core's loop thread)."""
+        return self._loop.run(self.core.run_step(rows, envs, overrides, on_row=on_row, desc=desc))
+
+    def close(self) -> None:
+        """Close the HTTP session and stop the loop thread. Idempotent."""
+        self._loop.close(self.core.aclose())
+
+    def __enter__(self) -> BlockingRolloutCore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _routed(row: Mapping[str, Any], env: str) -> Mapping[str, Any]:
+    """The row itself, or -- for rows without routing (Gym's bundled examples, routed by ``default_agent``) --
+    a copy naming the environment the dataset resolved. Never mutates ``row``; a non-mapping passes through (the
+    client turns it into a ``client_error`` record)."""
+    if not isinstance(row, Mapping) or row.get("agent_ref") is not None or row.get("task_source") is not None:
+        return row
+    return {**row, "agent_ref": {"name": env}}
