@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG_DIR = str(paths.REPO_ROOT / "configs")
 DEFAULT_CONFIG = "nemo_gym_cpu"
-PID_FILE = "gym.pid"  # = recipe.nemo_gym.agent_loop.PID_FILE (not imported: that module imports verl)
+PID_FILE = "gym.pid"  # = recipe.nemo_gym.manager_base.PID_FILE (not imported: that module imports verl)
 
 # Hydra composes the config before calling main(); the resolvers must exist by the time anything reads it.
 register_resolvers()

@@ -7,7 +7,6 @@ import copy
 import pytest
 
 from nemo_gym_adapter.config import (
-    DATASET_NAME,
     DATASET_PATH,
     MANAGER_CLASS,
     NemoGymConfig,
@@ -16,39 +15,12 @@ from nemo_gym_adapter.config import (
     parse_section,
 )
 from nemo_gym_adapter.errors import AdapterConfigError
-
-GYM_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
+from tests.support.recipe_config import GYM_CONFIG, minimal_recipe_config
 
 
 @pytest.fixture
 def cfg(tmp_path):
-    """A minimal valid whole config (the verl keys we read + our section), as plain dicts."""
-    data = tmp_path / "rows.jsonl"
-    data.write_text('{"responses_create_params": {"input": "hi"}, "agent_ref": {"name": "a"}}\n')
-    return {
-        "trainer": {"use_v1": False},
-        "algorithm": {"adv_estimator": "masked_grpo"},
-        "data": {
-            "train_files": [str(data)],
-            "val_files": str(data),
-            "custom_cls": {"path": DATASET_PATH, "name": DATASET_NAME},
-        },
-        "actor_rollout_ref": {
-            "model": {"path": "Qwen/Qwen2.5-1.5B-Instruct"},
-            "rollout": {
-                "name": "vllm",
-                "n": 4,
-                "prompt_length": 256,
-                "response_length": 128,
-                "max_model_len": None,
-                "temperature": 1.0,
-                "top_p": 1,
-                "val_kwargs": {"temperature": 0, "top_p": 1.0},
-                "agent": {"agent_loop_manager_class": MANAGER_CLASS},
-            },
-        },
-        "nemo_gym": {"config_paths": [GYM_CONFIG]},
-    }
+    return minimal_recipe_config(tmp_path)
 
 
 def _error(cfg) -> str:

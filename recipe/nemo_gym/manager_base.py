@@ -1,0 +1,291 @@
+"""What every NeMo Gym rollout manager of verl shares: start-up, the rollout core, the engine probe, shutdown.
+
+verl creates a rollout manager from ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` with
+``create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)``: the legacy trainer in
+``RayPPOTrainer.init_workers`` (after ``LLMServerManager.create`` started the vLLM replicas ``vllm_server_{r}_{node}``),
+the v1 trainer in ``main_ppo.init_agent_loop_manager``. :class:`GymManagerBase` does, once, at creation:
+
+1. find the replicas behind ``llm_client``: their "ip:port" from verl's load balancer, their Ray actor handles by
+   verl's actor names, matched through each server's own ``get_server_address`` (:func:`find_replicas`);
+2. apply the token-ID patch inside each server actor and check every report (:func:`patch_replicas`);
+3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``), the tokenizer's
+   pad id and the engine probe's token ids;
+4. start NeMo Gym with the replicas as its policy (:func:`gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
+   launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright;
+5. build the trainer-agnostic :class:`~nemo_gym_adapter.rollout_core.RolloutCore` over the running Gym.
+
+verl's own AgentLoopWorkers are never started: Gym is the agent. :meth:`GymManagerBase.shutdown` (idempotent, never
+raises for cleanup errors) undoes what start-up did, newest first; it runs from the recipe's TaskRunner on success
+and on exceptions, at interpreter exit, and Gym's launcher is also stopped on SIGTERM (``procs``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from verl.utils.ray_utils import auto_await
+
+from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
+from nemo_gym_adapter.errors import AdapterError, ServerError
+from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.policy import PROBE_TEXT, base_url, effective_max_model_len, probe_logprob, read_model_card
+from nemo_gym_adapter.rollout_client import RolloutClientConfig
+from nemo_gym_adapter.rollout_core import RolloutCore
+from nemo_gym_adapter.trajectory import TrajectoryConfig
+from nemo_gym_adapter.vllm_patch import apply_patch_to_actors, find_vllm_server_actors
+
+logger = logging.getLogger(__name__)
+
+PID_FILE = "gym.pid"
+
+
+class GymManagerBase:
+    """Mixin for verl rollout managers: put it before verl's manager class, e.g.
+    ``class M(GymManagerBase, AgentLoopManager)``. verl's ``__init__`` sets ``config``, ``llm_client`` and
+    ``model_config``; :meth:`create` then runs :meth:`start` (the module docstring's steps)."""
+
+    def __init__(
+        self,
+        config: Any,
+        llm_client: Any,
+        teacher_client: Any = None,
+        reward_loop_worker_handles: list[Any] | None = None,
+    ) -> None:
+        super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)  # type: ignore[call-arg]
+        if teacher_client:
+            raise AdapterError("distillation (a teacher model) is not supported with NeMo Gym rollouts; disable it")
+        # Validated at start-up by the recipe already; again here because the trainer may be started another way.
+        self.recipe: RecipeConfig = load_config(config, check_files=False)
+        self.gym: GymServers | None = None
+        self.core: RolloutCore | None = None
+        self.replicas: dict[str, str] = {}  # "ip:port" -> server actor name
+        self.served_model_name: str | None = None
+        self.max_model_len: int | None = self.recipe.max_model_len
+        self.pad_token_id = 0
+        self.probe_ids: list[int] = []
+        self.setup_seconds: dict[str, float] = {}
+        self._cleanups: list[tuple[str, Callable[[], None]]] = []  # undone newest first by shutdown()
+        self._closed = False
+
+    @classmethod
+    @auto_await
+    async def create(cls, *args: Any, **kwargs: Any) -> Any:
+        """What the trainer calls. Runs the blocking start-up in the caller's thread (the main thread of verl's
+        TaskRunner), so the process lifecycle handlers for Gym can be installed."""
+        instance = cls(*args, **kwargs)
+        try:
+            instance.start()
+        except BaseException:
+            instance.shutdown()
+            raise
+        return instance
+
+    def start(self) -> None:
+        """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
+        t0 = time.perf_counter()
+        self.replicas, handles = find_replicas(self.llm_client)  # type: ignore[attr-defined]
+        if self.recipe.gym.patch_vllm:
+            patch_replicas(handles)
+        t1 = time.perf_counter()
+        card = read_model_card(self.replicas)
+        self.served_model_name = card.name
+        self.max_model_len = effective_max_model_len(self.recipe.max_model_len, card.max_model_len)
+        self._load_tokenizer()
+        self.gym = self._start_gym(card.name)
+        t2 = time.perf_counter()
+        self.core = RolloutCore(
+            self.gym.routes(),
+            trajectory_config(self.recipe, self.max_model_len),
+            client_config(self.recipe.gym),
+            success_threshold=self.recipe.gym.metrics.success_threshold,
+        )
+        self.setup_seconds = {"find_and_patch_s": t1 - t0, "gym_start_s": t2 - t1, "total_s": time.perf_counter() - t0}
+        atexit.register(self.shutdown)
+        logger.info("NeMo Gym manager ready in %.1fs: replicas %s, Gym %s", t2 - t0, list(self.replicas), self.gym)
+
+    def _load_tokenizer(self) -> None:
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.config import HFModelConfig
+
+        model_config = self.model_config  # type: ignore[attr-defined]
+        tokenizer = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise AdapterError(f"actor_rollout_ref.model.path={self.recipe.model_path}: tokenizer has no pad/eos token")
+        self.pad_token_id = int(pad)
+        self.probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
+
+    def _start_gym(self, model_name: str) -> GymServers:
+        gym = self.recipe.gym
+        if gym.head_url is not None:
+            return GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
+        started = GymServers.start(gym_launch_spec(gym, list(self.replicas), model_name))
+        self.on_shutdown("Gym", lambda: stop_gym(started))
+        write_pid_file(started)
+        return started
+
+    def on_shutdown(self, what: str, cleanup: Callable[[], None]) -> None:
+        """Have :meth:`shutdown` run ``cleanup`` (before everything registered earlier)."""
+        self._cleanups.append((what, cleanup))
+
+    def check_open(self) -> None:
+        """Raise unless started and not shut down (a step after shutdown would talk to a stopped Gym)."""
+        if self._closed or self.core is None:
+            raise AdapterError(f"{type(self).__name__}: a step was requested after shutdown (or before start)")
+
+    def sampling_overrides(self, validate: bool) -> dict[str, Any]:
+        """``responses_create_params`` overrides for a step (as verl's agent loop picks its sampling params)."""
+        r = self.recipe
+        return {
+            "temperature": r.val_temperature if validate else r.temperature,
+            "top_p": r.val_top_p if validate else r.top_p,
+            "max_output_tokens": r.response_length,
+        }
+
+    def engine_probe_metrics(self) -> dict[str, float]:
+        """``gym/engine/probe_logprob_mean``: the first replica's mean log-probability of :data:`policy.PROBE_TEXT`
+        with the weights it serves now (``policy.probe_logprob``); it moves only when a weight sync reached vLLM.
+        Empty when it cannot be read (a failed probe never fails a step)."""
+        if not self.replicas or self.served_model_name is None:
+            return {}
+        probe = probe_logprob(next(iter(self.replicas)), self.served_model_name, self.probe_ids)
+        return {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
+
+    def shutdown(self) -> None:
+        """Undo start-up (rollout client closed, Gym stopped if we started it). Idempotent; never raises for
+        cleanup errors."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._cleanups:
+            what, cleanup = self._cleanups.pop()
+            try:
+                cleanup()
+            except Exception:  # cleanup must go on
+                logger.exception("stopping the %s failed", what)
+
+
+def find_replicas(llm_client: Any) -> tuple[dict[str, str], dict[str, Any]]:
+    """``({"ip:port": actor name}, {actor name: handle})`` of the rollout servers behind ``llm_client``.
+
+    Addresses come from verl's load balancer (what the trainer's own agent loop routes to). ``LLMServerClient``
+    keeps its balancer handle private, so without one we fall back to the actors' own addresses. Handles are found
+    by verl's actor names (``vllm_server_{replica}_{node}``, how verl's ServerAdapter finds them too).
+    """
+    balancer = getattr(llm_client, "_load_balancer", None)
+    wanted = list(ray.get(balancer.get_all_servers.remote(), timeout=60)) if balancer is not None else None
+    actors = find_vllm_server_actors()
+    if not actors:
+        raise ServerError("no vLLM server actors (vllm_server_*) in this Ray namespace: were the replicas started?")
+    by_address: dict[str, str] = {}
+    for name, handle in actors.items():
+        try:
+            host, port = ray.get(handle.get_server_address.remote(), timeout=60)
+        except Exception as e:  # a non-zero node rank of a multi-node replica serves no HTTP
+            logger.info("server actor %s has no HTTP address (%s); not a replica entry point", name, e)
+            continue
+        by_address[f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"] = name
+    addresses = wanted if wanted is not None else sorted(by_address)
+    unknown = [a for a in addresses if a not in by_address]
+    if unknown or not addresses:
+        raise ServerError(
+            f"verl's load balancer lists replicas {addresses} but the server actors serve {by_address}: "
+            f"no actor for {unknown or 'any replica'}"
+        )
+    replicas = {a: by_address[a] for a in addresses}
+    return replicas, {name: actors[name] for name in replicas.values()}
+
+
+def patch_replicas(handles: Mapping[str, Any]) -> None:
+    """The token-ID patch inside every server actor; a missing or hook-less report is a ``ServerError``."""
+    reports = apply_patch_to_actors(handles)  # raises ServerError naming the failing actor
+    if len(reports) != len(handles):
+        raise ServerError(f"token-ID patch: {len(reports)} reports for {len(handles)} actors {list(handles)}")
+    for name, report in zip(handles, reports, strict=True):
+        if not report.hook:
+            raise ServerError(f"token-ID patch: actor {name} reported no hook ({report})")
+        logger.info("token-ID patch in %s (pid %d): %s, vLLM %s", name, report.pid, report.hook, report.vllm_version)
+
+
+def gym_launch_spec(gym: NemoGymConfig, addresses: list[str], model_name: str) -> GymLaunchSpec:
+    """The Gym to start for the ``nemo_gym:`` section, with the replicas at ``addresses`` as its policy."""
+    config_paths = list(gym.config_paths)
+    if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
+        config_paths.append(TRAINING_MODEL_CONFIG)
+    optional = {"head_port": gym.head_port, "gym_venv": gym.gym_venv, "run_dir": gym.run_dir}
+    return GymLaunchSpec.parse(
+        {
+            "config_paths": config_paths,
+            "policy_base_url": [base_url(a) for a in addresses],
+            "policy_model_name": model_name,
+            "policy_api_key": gym.policy_api_key.get_secret_value(),
+            # Gym's servers must be reachable from this node; its own default would be localhost only.
+            "host": gym.host or ray.util.get_node_ip_address(),
+            "config_overrides": gym.config_overrides,
+            "hydra_overrides": gym.hydra_overrides,
+            "env": gym.env,
+            "startup_timeout_s": gym.startup_timeout_s,
+            **{k: v for k, v in optional.items() if v is not None},
+        },
+        prefix="nemo_gym",
+    )
+
+
+def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> TrajectoryConfig:
+    """Trajectory lengths and masking policy from the trainer's rollout lengths and ``nemo_gym.trajectory``."""
+    return TrajectoryConfig(
+        prompt_length=recipe.prompt_length,
+        response_length=recipe.response_length,
+        max_model_len=max_model_len,
+        contiguity=recipe.gym.trajectory.contiguity,
+        mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
+        key_prefix="nemo_gym.trajectory",
+    )
+
+
+def client_config(gym: NemoGymConfig) -> RolloutClientConfig:
+    """The rollout client's knobs from ``nemo_gym.client``."""
+    c = gym.client
+    return RolloutClientConfig(
+        max_concurrency=c.max_concurrency,
+        timeout_s=c.timeout_s,
+        max_connection_retries=c.max_connection_retries,
+        retry_backoff_s=c.retry_backoff_s,
+        progress=c.progress,
+        key_prefix="nemo_gym.client",
+    )
+
+
+def write_pid_file(gym: GymServers) -> None:
+    """``<run_dir>/gym.pid``: the launcher leads its own session, whose id finds Gym's processes even after they
+    are re-parented (``recipe.nemo_gym.main.sweep_gym`` reads it)."""
+    pids = sorted(gym.pids())
+    if gym.run_dir is not None and pids:
+        record = {
+            "sessions": sorted({s for s in map(_sid, pids) if s is not None}),
+            "pids": pids,
+            "owner_pid": os.getpid(),
+        }
+        (gym.run_dir / PID_FILE).write_text(json.dumps(record) + "\n")
+
+
+def stop_gym(gym: GymServers) -> None:
+    """Stop a Gym we started and remove its pid file."""
+    gym.stop()
+    if gym.run_dir is not None:
+        (gym.run_dir / PID_FILE).unlink(missing_ok=True)
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
