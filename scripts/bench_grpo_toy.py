@@ -4,7 +4,7 @@
 Runs ``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu`` as a subprocess on ``configs/gym/toy_choice.yaml``
 (four-option quiz whose answer is always "A"; a random model starts near 1/4), with verl's file logger on. Then it
 prints the reward per step, the first-5 vs last-5 mean reward (difference and ratio), the wall time per step (verl's
-``timing_s/step``) and the start-up time, and writes the reward curve PNG (``recipe/nemo_gym/reward_curve.py``).
+``timing_s/step``) and the start-up time, and writes the reward curve PNG (``recipe/nemo_gym/reporting.py``).
 
     .venv/bin/python scripts/bench_grpo_toy.py [--steps 30] [--lr 1e-3] [--batch 8] [--n 8] [-- hydra overrides...]
     .venv/bin/python scripts/bench_grpo_toy.py --metrics logs/bench_grpo_toy/<run>/metrics.jsonl   # report only
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -128,32 +127,10 @@ def run_recipe(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, floa
 
 def report(metrics: Path, png: Path, window: int, wall_s: float | None = None) -> bool:
     """Print the curve, the first/last window means and timings; write the PNG. True if the reward went up."""
-    from recipe.nemo_gym.reward_curve import format_table, load_reward_curve, plot_reward_curve, window_summary
+    from recipe.nemo_gym.reporting import load_reward_curve, window_summary, write_report
 
-    curve = load_reward_curve(metrics)
-    print(format_table(curve))
-    s = window_summary(curve, k=window)
-    k = int(s["k"])
-    print(f"\nreward source: {curve.source}")
-    print(f"first {k} steps mean reward: {s['first_mean']:.3f}")
-    print(f"last  {k} steps mean reward: {s['last_mean']:.3f}")
-    print(f"difference: {s['difference']:+.3f}   ratio: {s['ratio']:.2f}x")
-    if curve.step_time_s:
-        times = [t for t in curve.step_time_s if not math.isnan(t)]
-        later = times[1:] or times
-        print(
-            f"wall time per step: mean {sum(times) / len(times):.1f}s (first step {times[0]:.1f}s, later steps "
-            f"{min(later):.1f}-{max(later):.1f}s)"
-        )
-        if wall_s is not None:
-            print(f"whole run: {wall_s:.0f}s, of which start-up/shutdown ~{wall_s - sum(times):.0f}s")
-    for name, values in curve.extra.items():
-        finite = [v for v in values if not math.isnan(v)]
-        if finite:
-            print(f"{name}: first {finite[0]:.3f}, last {finite[-1]:.3f}")
-    plot_reward_curve(curve, png)
-    print(f"reward curve: {png}")
-    return s["difference"] > 0
+    print(write_report(metrics, png, window=window, table=True, wall_s=wall_s))
+    return window_summary(load_reward_curve(metrics), k=window)["difference"] > 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,22 +109,17 @@ def _file_logger_path(cfg: DictConfig, run_dir: Path | None) -> Path | None:
 
 
 def _write_reward_curve(metrics_path: Path) -> None:
-    """The reward-curve PNG people look at after a run, next to the metrics; a plotting problem never fails a run."""
+    """The run's report (first/last-5 reward, step time) and reward-curve PNG next to the metrics
+    (``recipe.nemo_gym.reporting``); a plotting problem never fails a run."""
     from nemo_gym_adapter.errors import SetupError
-    from recipe.nemo_gym.reward_curve import MetricsFileError, load_reward_curve, plot_reward_curve, window_summary
+    from recipe.nemo_gym.reporting import MetricsFileError, write_report
 
     try:
-        curve = load_reward_curve(metrics_path)
-        out = plot_reward_curve(curve, metrics_path.with_name("reward_curve.png"))
+        text = write_report(metrics_path)
     except (MetricsFileError, SetupError, OSError, ImportError) as e:
         logger.warning("no reward curve written: %s", e)
         return
-    s = window_summary(curve)
-    print(
-        f"[nemo-gym-verl] {len(curve.steps)} steps: reward first-{int(s['k'])} mean {s['first_mean']:.3f}, "
-        f"last-{int(s['k'])} mean {s['last_mean']:.3f}; reward curve: {out}; metrics: {metrics_path}",
-        flush=True,
-    )
+    print("\n".join(f"[nemo-gym-verl] {line}" for line in text.splitlines()), flush=True)
 
 
 def _apply_runtime_env(cfg: DictConfig) -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of the reward curve (recipe/nemo_gym/reward_curve.py) on synthetic verl file-logger output.
+"""Unit tests of run reporting (recipe/nemo_gym/reporting.py) on synthetic verl file-logger output.
 
 The synthetic files are written the way verl 0.9.1's ``FileLogger.log`` writes them: one
 ``orjson.dumps({"step": step, "data": metrics}, option=OPT_SERIALIZE_NUMPY)`` line per ``Tracking.log`` call, with
@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 import pytest
 
-from recipe.nemo_gym.reward_curve import (
+from recipe.nemo_gym.reporting import (
     MetricsFileError,
     format_table,
     load_reward_curve,
@@ -165,7 +165,9 @@ def test_cli_writes_the_png_and_reports_errors(tmp_path, capsys):
     out = tmp_path / "c.png"
     assert main([str(rising_run(tmp_path)), "-o", str(out), "--table"]) == 0
     printed = capsys.readouterr().out
-    assert out.is_file() and "20 steps" in printed and "reward[all]" in printed
+    assert out.is_file() and "20 steps" in printed and "reward[all]" in printed and "first 5 steps mean" in printed
+    assert main([str(rising_run(tmp_path))]) == 0  # default PNG: next to the metrics file
+    assert (tmp_path / "reward_curve.png").is_file()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"step": 1, "data": {}}\nnot json\n')
     assert main([str(bad), "-o", str(tmp_path / "x.png")]) == 1

@@ -1,6 +1,9 @@
-"""Reward curve of a training run, from the per-step metrics verl's trainer logged.
+"""Reporting on a training run: its per-step metrics file → reward curve PNG, per-step table, first/last-k summary.
 
-    python -m recipe.nemo_gym.reward_curve metrics.jsonl -o curve.png [--title TEXT] [--table]
+    python -m recipe.nemo_gym.reporting <metrics.jsonl> [-o curve.png] [--table] [--window 5] [--title TEXT]
+
+The recipe's ``main`` writes this report at the end of a run logged to a file, ``scripts/bench_grpo_toy.py`` after its
+run; the command reports on any finished or running one (default PNG: ``reward_curve.png`` next to the metrics).
 
 Source: verl 0.9.1's file logger (``verl.utils.tracking.FileLogger``), switched on with ``trainer.logger=[console,
 file]``. It writes one JSON object per ``Tracking.log`` call, ``{"step": N, "data": {metric: value, ...}}``, to
@@ -292,26 +295,66 @@ def _finite_range(values: Sequence[float]) -> tuple[float, float]:
     return (min(finite), max(finite)) if finite else (0.0, 1.0)
 
 
+def summary_text(curve: RewardCurve, window: int = 5, wall_s: float | None = None) -> str:
+    """The run in a few lines: reward source, first/last-``window`` means (difference, ratio), wall time per step
+    (verl's ``timing_s/step``; with ``wall_s``, the whole run's start-up share), verl's own score first/last."""
+    s = window_summary(curve, k=window)
+    k = int(s["k"])
+    lines = [
+        f"{len(curve.steps)} steps, reward from {curve.source}",
+        f"first {k} steps mean reward: {_fmt(s['first_mean'])}",
+        f"last  {k} steps mean reward: {_fmt(s['last_mean'])}",
+        f"difference: {s['difference']:+.3f}   ratio: {s['ratio']:.2f}x",
+    ]
+    times = [t for t in curve.step_time_s or [] if not math.isnan(t)]
+    if times:
+        later = times[1:] or times
+        lines.append(
+            f"wall time per step: mean {sum(times) / len(times):.1f}s (first step {times[0]:.1f}s, later steps "
+            f"{min(later):.1f}-{max(later):.1f}s)"
+        )
+        if wall_s is not None:
+            lines.append(f"whole run: {wall_s:.0f}s, of which start-up/shutdown ~{wall_s - sum(times):.0f}s")
+    for name, values in curve.extra.items():
+        finite = [v for v in values if not math.isnan(v)]
+        if finite:
+            lines.append(f"{name}: first {finite[0]:.3f}, last {finite[-1]:.3f}")
+    return "\n".join(lines)
+
+
+def write_report(
+    metrics: str | Path,
+    png: str | Path | None = None,
+    *,
+    window: int = 5,
+    table: bool = False,
+    title: str | None = None,
+    wall_s: float | None = None,
+) -> str:
+    """Load the metrics file, write the PNG (default ``reward_curve.png`` next to it) and return the report text
+    (the per-step table first with ``table``). Raises ``MetricsFileError``/``SetupError`` (nothing written)."""
+    curve = load_reward_curve(metrics)
+    out = plot_reward_curve(curve, png or Path(metrics).with_name("reward_curve.png"), title=title)
+    parts = [format_table(curve)] if table else []
+    parts += [summary_text(curve, window, wall_s), f"reward curve: {out}; metrics: {metrics}"]
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipe.nemo_gym.reward_curve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m recipe.nemo_gym.reporting", description=__doc__.split("\n\n")[0])
     p.add_argument("metrics", type=Path, help="verl file-logger JSONL (trainer.logger=[console,file])")
-    p.add_argument("-o", "--output", type=Path, default=Path("reward_curve.png"), help="PNG to write")
-    p.add_argument("--title", help="plot title (default: file name and first/last-5 means)")
+    p.add_argument("-o", "--output", type=Path, help="PNG to write (default: reward_curve.png next to the metrics)")
+    p.add_argument("--title", help="plot title (default: file name and first/last-k means)")
     p.add_argument("--table", action="store_true", help="also print the per-step table")
+    p.add_argument("--window", type=int, default=5, help="steps averaged at each end (default 5)")
     args = p.parse_args(argv)
+    if args.window < 1:
+        p.error("--window must be >= 1")
     try:
-        curve = load_reward_curve(args.metrics)
-        out = plot_reward_curve(curve, args.output, title=args.title)
+        print(write_report(args.metrics, args.output, window=args.window, table=args.table, title=args.title))
     except (MetricsFileError, SetupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.table:
-        print(format_table(curve))
-    s = window_summary(curve)
-    print(
-        f"{len(curve.steps)} steps from {curve.source}: first {int(s['k'])} mean {_fmt(s['first_mean'])}, "
-        f"last {int(s['k'])} mean {_fmt(s['last_mean'])} (difference {_fmt(s['difference'])}); wrote {out}"
-    )
     return 0
 
 
