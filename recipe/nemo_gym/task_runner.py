@@ -6,7 +6,7 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
 1. ``masked_grpo`` is registered in this process (verl computes advantages in the TaskRunner, a Ray actor, so
    registering it in the driver is not enough): importing :mod:`recipe.nemo_gym.advantage` does it.
 2. On CPU (``trainer.device=cpu``) the actor role maps to ``cpu_platform.CpuActorRolloutRefWorker`` (plain gloo
-   process group; see CPU_NOTES.md). On GPU verl's own worker is used unchanged.
+   process group; see PLATFORM_NOTES.md). On GPU verl's own worker is used unchanged.
 3. The trainer is :class:`NemoGymPPOTrainer`: verl's ``RayPPOTrainer`` plus the logprob gap between the rollout
    (vLLM, as returned by Gym) and the actor's recomputation, logged every step as ``onpolicy/*`` (see
    :func:`logprob_gap_metrics`); and the rollout manager is shut down (Gym stopped) when training ends or fails.
@@ -85,7 +85,7 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
     def add_actor_rollout_worker(self, config: Any) -> tuple[type, type]:
         actor_cls, group_cls = super().add_actor_rollout_worker(config)
         if config.trainer.device == "cpu":
-            from recipe.nemo_gym.cpu_platform import CpuActorRolloutRefWorker
+            from recipe.nemo_gym.cpu.platform import CpuActorRolloutRefWorker
 
             for role in list(self.role_worker_mapping):
                 if self.role_worker_mapping[role].__ray_actor_class__ is actor_cls:

@@ -96,7 +96,7 @@ def stack(forced_rows_file):
         from verl.utils.import_utils import load_class_from_fqn
         from verl.workers.rollout.llm_server import LLMServerManager
 
-        from recipe.nemo_gym import cpu_rollout  # noqa: F401  (CPU replica registered as "vllm")
+        from recipe.nemo_gym.cpu import rollout as cpu_rollout  # noqa: F401  (CPU replica registered as "vllm")
 
         actor_wg = spawn_cpu_actor_workers(cfg).actor_wg
         t0 = time.perf_counter()

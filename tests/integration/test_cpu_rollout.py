@@ -1,9 +1,9 @@
 """verl 0.9.1's own rollout stack on CPU: LLMServerManager -> CPU vLLM replica -> LLMServerClient, and weight sync.
 
 Built the way the legacy trainer (``RayPPOTrainer.init_workers``) builds it, with verl's classes throughout: the
-FSDP2 actor worker group (``ActorRolloutRefWorker`` via ``recipe.nemo_gym.cpu_platform``), then
+FSDP2 actor worker group (``ActorRolloutRefWorker`` via ``recipe.nemo_gym.cpu.platform``), then
 ``LLMServerManager.create(config=, worker_group=actor_wg)``, which resolves ``rollout.name=vllm`` through verl's
-``RolloutReplicaRegistry`` (re-pointed by ``recipe.nemo_gym.cpu_rollout``) and launches ``vllm_server_0_0`` in
+``RolloutReplicaRegistry`` (re-pointed by ``recipe.nemo_gym.cpu.rollout``) and launches ``vllm_server_0_0`` in
 hybrid mode next to the actor, then ``CheckpointEngineManager`` (naive backend) for sleep/wake and weight sync.
 
 To push arbitrary weights (perturbed, restored) a second group of verl's ``CheckpointEngineWorker`` is used: it
@@ -39,7 +39,7 @@ def _compose_config(model_path: str):
     import verl
     from hydra import compose, initialize_config_dir
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     rollout = "actor_rollout_ref.rollout"
     overrides = [
@@ -93,7 +93,8 @@ def rollout(tiny_model_qwen25):
     """config, manager (LLMServerManager), actor_wg, pusher_wg: one CPU vLLM replica in our own Ray cluster."""
     import ray
 
-    from recipe.nemo_gym import cpu_platform, cpu_rollout
+    from recipe.nemo_gym.cpu import platform as cpu_platform
+    from recipe.nemo_gym.cpu import rollout as cpu_rollout
 
     if ray.is_initialized():
         pytest.fail("a Ray cluster is already up in this process; this test needs its own (platform env, GPU slot)")
@@ -177,7 +178,7 @@ def test_manager_builds_the_cpu_replica_under_verls_names(rollout):
     import ray
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from recipe.nemo_gym.cpu_rollout import CPUvLLMReplica, server_actors
+    from recipe.nemo_gym.cpu.rollout import CPUvLLMReplica, server_actors
 
     assert get_rollout_replica_class(rollout.config.actor_rollout_ref.rollout.name) is CPUvLLMReplica
     (replica,) = rollout.manager.get_replicas()

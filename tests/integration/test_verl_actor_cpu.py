@@ -4,7 +4,7 @@ Built the way the legacy trainer (``RayPPOTrainer.init_workers``, ``trainer.use_
 ``ResourcePoolManager`` → ``RayClassWithInitArgs(ActorRolloutRefWorker subclass, config.actor_rollout_ref,
 role="actor_rollout")`` → ``create_colocated_worker_cls`` → ``RayWorkerGroup.spawn`` → ``init_model``; and
 driven through the trainer's own ``_compute_old_log_prob`` / ``_update_actor`` (padded DataProto →
-no-padding TensorDict). The only CPU pieces are ``recipe.nemo_gym.cpu_platform`` (platform "cpu",
+no-padding TensorDict). The only CPU pieces are ``recipe.nemo_gym.cpu.platform`` (platform "cpu",
 gloo process group) and the hydra overrides it lists. The rollout half of "actor_rollout" is verl's
 vLLM ``ServerAdapter``, which only talks to a server that is never started here.
 """
@@ -38,7 +38,7 @@ def _compose_config(model_path: str):
     import verl
     from hydra import compose, initialize_config_dir
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     overrides = [
         *cpu_platform.CPU_ACTOR_OVERRIDES,
@@ -72,7 +72,7 @@ def cpu_actor(tiny_model_qwen25):
     """
     import ray
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     started_ray = not ray.is_initialized()
     if started_ray:
@@ -266,12 +266,12 @@ print(json.dumps({
 
 def test_env_alone_selects_the_cpu_platform_in_a_fresh_process():
     """What every verl process of a CPU run sees with only the environment set (no code of ours called)."""
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     env = dict(os.environ)
     values = cpu_platform.apply_env(env)
     env["VERL_USE_EXTERNAL_MODULES"] = values["VERL_USE_EXTERNAL_MODULES"] + ",recipe.nemo_gym.advantage"
-    assert values["VERL_USE_EXTERNAL_MODULES"].split(",")[0] == "recipe.nemo_gym.cpu_platform"
+    assert values["VERL_USE_EXTERNAL_MODULES"].split(",")[0] == "recipe.nemo_gym.cpu.platform"
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
@@ -287,12 +287,12 @@ def test_env_alone_selects_the_cpu_platform_in_a_fresh_process():
 
 
 def test_apply_env_keeps_other_external_modules_and_is_idempotent():
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
-    env = {"VERL_USE_EXTERNAL_MODULES": "my.plugin,recipe.nemo_gym.cpu_platform"}
+    env = {"VERL_USE_EXTERNAL_MODULES": "my.plugin,recipe.nemo_gym.cpu.platform"}
     cpu_platform.apply_env(env)
     first = dict(env)
     cpu_platform.apply_env(env)
     assert env == first
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "recipe.nemo_gym.cpu_platform,my.plugin"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "recipe.nemo_gym.cpu.platform,my.plugin"
     assert env["VERL_PLATFORM"] == "cpu" and env["VERL_ENGINE_DEVICE"] == "cuda"

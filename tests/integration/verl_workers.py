@@ -38,7 +38,7 @@ def spawn_cpu_actor_workers(
     from verl.single_controller.ray.base import create_colocated_worker_cls
     from verl.trainer.ppo.utils import Role
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     role = Role.ActorRollout
     pools = ResourcePoolManager(resource_pool_spec={pool_name: [1]}, mapping={role: pool_name})

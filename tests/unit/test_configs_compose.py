@@ -66,10 +66,10 @@ def test_multi_env_config_mixes_environments():
 
 
 def test_cpu_config_carries_the_cpu_actor_settings():
-    """configs/nemo_gym_cpu.yaml must set exactly what recipe.nemo_gym.cpu_platform measured as needed on CPU."""
+    """configs/nemo_gym_cpu.yaml must set exactly what recipe.nemo_gym.cpu.platform measured as needed on CPU."""
     from omegaconf import OmegaConf
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     cfg = _compose("nemo_gym_cpu")
     for override in cpu_platform.CPU_ACTOR_OVERRIDES:

@@ -28,7 +28,7 @@ replaces only those defaults:
 Weight sync needs no code of ours: ``checkpoint_engine.backend=naive`` makes each actor worker call verl's
 ``ServerAdapter.update_weights``, which runs the worker extension's ``update_weights_from_ipc`` inside the engine
 (via ``collective_rpc``) and streams buckets over ZMQ + POSIX shared memory (``use_shm`` because the CPU platform
-reports no IPC). See ``CPU_ROLLOUT_NOTES.md`` for what the platform plugin and the config must provide.
+reports no IPC). See ``ROLLOUT_NOTES.md`` for what the platform plugin and the config must provide.
 
 Load this module in every process (driver, TaskRunner, workers) with ``VERL_USE_EXTERNAL_MODULES`` (importing it
 registers the replica), or call :func:`register` before ``LLMServerManager`` is built. Never load it on GPU runs.
@@ -83,7 +83,7 @@ CPU_SERVER_ENV: dict[str, str] = {
 
 #: vLLM ``worker_extension_cls`` (imported by name inside the engine-core process). A string, not an import: that
 #: process imports verl, which imports this module again through VERL_USE_EXTERNAL_MODULES.
-WORKER_EXTENSION_FQN = "recipe.nemo_gym.cpu_weight_sync.CPUWorkerExtension"
+WORKER_EXTENSION_FQN = "recipe.nemo_gym.cpu.weight_sync.CPUWorkerExtension"
 
 _REGISTERED = False
 

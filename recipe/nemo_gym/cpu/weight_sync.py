@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class CPUWorkerExtension(vLLMColocateWorkerExtension):
     """verl's vLLM worker extension with a weight update that survives vLLM's CPU weight repacking.
 
-    Selected by ``CPUvLLMHttpServer._get_worker_extension_cls`` (``recipe.nemo_gym.cpu_rollout``).
+    Selected by ``CPUvLLMHttpServer._get_worker_extension_cls`` (``recipe.nemo_gym.cpu.rollout``).
 
     Everything else (``monkey_patch_model``, LoRA helpers, the ZMQ handle naming) is verl's. LoRA adapter updates
     are not supported on CPU (they would need vLLM's CPU LoRA kernels and are not used by this project).

@@ -28,7 +28,7 @@ Choices, and why:
 * verl registers its FSDP engine for devices "cuda"/"npu" only; ``VERL_ENGINE_DEVICE=cuda`` (verl's own
   override for engine lookup) selects that engine class, which is device-agnostic once the platform is.
 
-The hydra keys the CPU actor needs are in :data:`CPU_ACTOR_OVERRIDES` (see CPU_NOTES.md for the why).
+The hydra keys the CPU actor needs are in :data:`CPU_ACTOR_OVERRIDES` (see PLATFORM_NOTES.md for the why).
 """
 
 from __future__ import annotations
