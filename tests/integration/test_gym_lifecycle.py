@@ -23,7 +23,7 @@ import pytest
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.procs import free_port, session_members
-from nemo_gym_adapter.testing.gym_fixtures import single_tool_call_spec
+from tests.support.gym_fixtures import single_tool_call_spec
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_adapter.testing.gym_fixtures import (
+from tests.support.gym_fixtures import (
     MAX_STEPS,
     SINGLE_TOOL_CALL_AGENT,
     example_rows,

@@ -32,7 +32,7 @@ from nemo_gym_adapter.rollout_client import (
     RolloutOutcome,
     apply_overrides,
 )
-from nemo_gym_adapter.testing.gym_fixtures import MAX_STEPS, example_rows, forced_tool_call_row
+from tests.support.gym_fixtures import MAX_STEPS, example_rows, forced_tool_call_row
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from nemo_gym_adapter.testing import tiny_models as tm
-from nemo_gym_adapter.testing.vllm_fixtures import start_vllm_server
+from nemo_gym_adapter.demo_models import tiny_models as tm
+from tests.support.vllm_fixtures import start_vllm_server
 
 pytestmark = pytest.mark.integration
 

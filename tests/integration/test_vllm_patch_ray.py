@@ -17,8 +17,8 @@ import time
 import httpx
 import pytest
 
-from nemo_gym_adapter.testing.ray_vllm_fixtures import TEST_MAX_MODEL_LEN, served_model_name
 from nemo_gym_adapter.vllm_patch import apply_patch_to_actors, find_vllm_server_actors
+from tests.support.ray_vllm_fixtures import TEST_MAX_MODEL_LEN, served_model_name
 
 FAMILIES = ["qwen25", "qwen3", "llama3"]
 # One actor per family (ray_vllm_fixtures.ray_vllm), all tests of a family before the next one starts.

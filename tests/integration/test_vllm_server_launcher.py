@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from nemo_gym_adapter.testing import vllm_fixtures
+from tests.support import vllm_fixtures
 
 pytestmark = pytest.mark.integration
 

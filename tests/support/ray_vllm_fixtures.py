@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from nemo_gym_adapter.testing.ray_vllm import CPU_VLLM_ARGS, RayVllm, start_vllm_actor, stop_vllm_actor
+from tests.support.ray_vllm import CPU_VLLM_ARGS, RayVllm, start_vllm_actor, stop_vllm_actor
 
 RAY_NUM_CPUS = 4  # INTEGRATION_NOTES §1: fewer starves CPU placement on 2-core machines
 TEST_MAX_MODEL_LEN = 2048

@@ -21,7 +21,7 @@ Builds are deterministic (fixed seeds, no timestamps: same bytes every time), id
 directory carries a stamp with ``BUILDER_VERSION`` and is reused) and safe under concurrency (each builder
 writes a private temporary directory and publishes it with an atomic rename).
 
-CLI: ``python -m nemo_gym_adapter.testing.tiny_models [--family all|qwen25|qwen3|llama3] [--root DIR]``.
+CLI: ``python -m nemo_gym_adapter.demo_models.tiny_models [--family all|qwen25|qwen3|llama3] [--root DIR]``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_gym_adapter import paths
+from nemo_gym_adapter.demo_models import templates as T
 from nemo_gym_adapter.errors import AdapterConfigError, SetupError
-from nemo_gym_adapter.testing import tiny_model_templates as T
 
 FAMILIES = ("qwen25", "qwen3", "llama3")
 # Bump on any intentional change of the produced models. Cached builds are also rebuilt automatically when

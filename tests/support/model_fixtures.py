@@ -14,7 +14,7 @@ import pytest
 
 
 def _build(family: str) -> Path:
-    from nemo_gym_adapter.testing.tiny_models import build_tiny_model
+    from nemo_gym_adapter.demo_models import build_tiny_model
 
     return build_tiny_model(family)
 
