@@ -4,7 +4,7 @@
 (``fake`` key: sleep, answer an HTTP error, drop the connection for the first N tries, answer non-JSON or a given
 ``result``), and the fake records what it received, how many requests were in flight at once, and which headers
 came in.
-``FakeHeadServer`` serves the head server's two GETs (``/global_config_dict_yaml``, ``/server_instances``).
+``FakeHeadServer`` serves the head server's GETs (``/global_config_dict_yaml``, ``/server_instances``, ``/health``).
 ``GYM_CONFIG`` is a Gym-shaped global config; :func:`routes_for` builds routes to fake environment servers.
 """
 
@@ -81,6 +81,11 @@ class FakeEnvServer:
 
 def routes_for(*servers: tuple[str, str]) -> GymRoutes:
     """GymRoutes from a Gym-shaped config where agent ``name`` is fronted by a legacy_agent relay at ``url``."""
+    return GymRoutes.from_config(gym_config_for(*servers))
+
+
+def gym_config_for(*servers: tuple[str, str]) -> dict[str, Any]:
+    """A Gym-shaped global config where agent ``name`` is fronted by a legacy_agent relay at ``url``."""
     config: dict[str, Any] = {"head_server": {"host": "127.0.0.1", "port": 1}}
     for name, url in servers:
         host, port = url.removeprefix("http://").split(":")
@@ -94,7 +99,7 @@ def routes_for(*servers: tuple[str, str]) -> GymRoutes:
                 }
             }
         }
-    return GymRoutes.from_config(config)
+    return config
 
 
 GYM_CONFIG = {
@@ -127,10 +132,11 @@ INSTANCES = [{"process_name": "env_2", "url": "http://10.0.0.7:9007"}]
 
 
 class FakeHeadServer(FakeEnvServer):
-    """Serves the two head-server GETs the way Gym 0.7 does (the YAML config wrapped in a JSON string)."""
+    """Serves the head server's GETs the way Gym 0.7 does (the YAML config wrapped in a JSON string; ``/health``)."""
 
-    def __init__(self, config: dict[str, Any] = GYM_CONFIG) -> None:
+    def __init__(self, config: dict[str, Any] = GYM_CONFIG, instances: list[dict[str, Any]] = INSTANCES) -> None:
         self.config = config
+        self.instances = instances
         super().__init__()
 
     def _serve(self) -> None:
@@ -140,12 +146,16 @@ class FakeHeadServer(FakeEnvServer):
             return web.json_response(yaml.safe_dump(self.config))
 
         async def instances(_: web.Request) -> web.Response:
-            return web.json_response(INSTANCES)
+            return web.json_response(self.instances)
+
+        async def health(_: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
 
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_get("/global_config_dict_yaml", config)
         app.router.add_get("/server_instances", instances)
+        app.router.add_get("/health", health)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         self._loop.run_until_complete(self._runner.setup())
         self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())

@@ -1,0 +1,80 @@
+"""Unit tests of ``python -m nemo_gym_adapter.collect``: argument handling, the summary, and a whole run against a
+fake Gym (a fake head server to attach to, a fake environment server answering Gym-shaped results)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nemo_gym_adapter.collect import DEFAULT_ENVS, main, parse_args, summarize
+from nemo_gym_adapter.metrics import compute_metrics
+from nemo_gym_adapter.trajectory import MaskReason, Trajectory
+from tests.support.fake_gym import FakeHeadServer, gym_config_for
+from tests.support.gym_results import E0, G0, G1, P0, handmade_multiturn
+
+
+def test_defaults_collect_the_bundled_example_with_the_demo_model():
+    args = parse_args([])
+    assert args.envs == list(DEFAULT_ENVS) and args.model is None and args.policy_base_url is None
+    own = parse_args(["--config-path", "mine.yaml", "--data", __file__])
+    assert own.envs == []  # own configs: no bundled environment unless asked
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--model", "/ckpt", "--policy-base-url", "http://h:1/v1"], "give one of them"),
+        (["--gym-head-url", "http://h:1"], "needs --data"),
+        (["--gym-head-url", "http://h:1", "--env", "x", "--data", __file__], "drop --env"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--response-length", "0"], "--response-length must be >= 1"),
+        (["--data", "/nonexistent.jsonl"], "no such file"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_the_flag(argv, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_summary_is_the_training_metrics_by_environment():
+    trajs = [
+        Trajectory(env_name="a", reward=1.0, gym_reward=1.0, sampled_spans=((0, 1),), num_turns=2),
+        Trajectory(env_name="b", masked_reason=MaskReason.TIMEOUT),
+    ]
+    summary = summarize({**compute_metrics(trajs), "gym/timing/rollout_s": 3.0})
+    assert list(summary) == ["all", "a", "b"]
+    assert summary["all"]["num_samples"] == 2 and summary["all"]["masked_rate/timeout"] == 0.5
+    assert summary["a"]["reward_mean"] == 1.0 and "masked_rate/timeout" not in summary["a"]  # zero rates left out
+    assert "reward_mean" not in summary["b"]  # no unmasked sample: no fake score
+
+
+def test_a_run_against_an_attached_gym_writes_jsonl_and_the_summary(fake_server, tmp_path, capsys):
+    result = handmade_multiturn(P0, [G0, G1], [E0], reward=1.0)
+    row = {"responses_create_params": {"input": "q"}, "agent_ref": {"name": "agent_a"}, "fake": {"result": result}}
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps(row) + "\n" + json.dumps({**row, "agent_ref": {"name": "ghost"}}) + "\n")
+    head = FakeHeadServer(gym_config_for(("agent_a", fake_server.url)), instances=[])
+    try:
+        argv = [
+            "--gym-head-url",
+            head.url,
+            "--data",
+            str(data),
+            "--repeats",
+            "2",
+            "--output",
+            str(tmp_path / "o.jsonl"),
+        ]
+        status = main([*argv, "--no-progress", "--json"])
+    finally:
+        head.stop()
+    summary = json.loads(capsys.readouterr().out)
+    assert status == 1  # the unroutable row is a failure: not every rollout returned a result
+    assert (summary["rollouts"], summary["results"], summary["failed_by_reason"]) == (4, 2, {"unknown_agent": 2})
+    assert summary["by_env"]["agent_a"]["reward_mean"] == 1.0 and summary["by_env"]["all"]["masked_rate"] == 0.5
+    lines = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert sorted(r["index"] for r in lines) == [0, 1, 2, 3]
+    assert {r["env"]: r["masked_reason"] for r in lines} == {"agent_a": None, "ghost": "unroutable"}
+    assert all(r["result"]["reward"] == 1.0 for r in lines if r["env"] == "agent_a")
