@@ -21,27 +21,13 @@ import asyncio
 import statistics
 import sys
 import time
+from pathlib import Path
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: tests/support is shared with tests
+
+from tests.support.conversations import TOOLS, piecewise  # noqa: E402
+
 WORDS = "weather city sunny Skinny rain cold hot temperature the a of Paris Oslo humidity wind".split()
-
-
-def piecewise(tok, text: str) -> list[int]:
-    """Every word in two pieces: how a model may spell what the template would encode differently."""
-    ids: list[int] = []
-    for i, word in enumerate(text.split(" ")):
-        piece = word if i == 0 else " " + word
-        ids += tok.encode(piece[:2], add_special_tokens=False) + tok.encode(piece[2:], add_special_tokens=False)
-    return ids
 
 
 def conversation(tok, family: str, turns: int, target_tokens: int) -> list[dict]:

@@ -10,20 +10,11 @@ import urllib.request
 import pytest
 
 from nemo_gym_adapter.demo_models import tiny_models as tm
+from tests.support.conversations import TOOLS
 from tests.support.vllm_fixtures import start_vllm_server
 
 pytestmark = pytest.mark.integration
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 # OpenAI wire format: tool-call arguments are a JSON *string*; vLLM may parse them before templating.
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

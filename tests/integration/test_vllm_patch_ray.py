@@ -18,21 +18,12 @@ import httpx
 import pytest
 
 from nemo_gym_adapter.vllm_patch import apply_patch_to_actors, find_vllm_server_actors
+from tests.support.conversations import TOOLS
 from tests.support.ray_vllm_fixtures import TEST_MAX_MODEL_LEN, served_model_name
 
 FAMILIES = ["qwen25", "qwen3", "llama3"]
 # One actor per family (ray_vllm_fixtures.ray_vllm), all tests of a family before the next one starts.
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("ray_vllm", FAMILIES, indirect=True, scope="module")]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
 # Compact JSON on purpose (the templates re-render it with spaces). Qwen-style families wrap it in <tool_call> tags.
 _CALL = {
     "chatml": r'<tool_call>\n\{"name":"get_weather","arguments":\{"city":"(Paris|Oslo|Skinny)"\}\}\n</tool_call>',

@@ -6,17 +6,9 @@ import httpx
 import pytest
 
 from tests.support import vllm_fixtures
+from tests.support.conversations import piecewise
 
 pytestmark = pytest.mark.integration
-
-
-def _piecewise(tok, text: str) -> list[int]:
-    """The text as a model might generate it: every word in two pieces, never how the template encodes it."""
-    ids: list[int] = []
-    for i, word in enumerate(text.split(" ")):
-        piece = word if i == 0 else " " + word
-        ids += tok.encode(piece[:2], add_special_tokens=False) + tok.encode(piece[2:], add_special_tokens=False)
-    return ids
 
 
 def test_patched_launcher_serves_the_exact_token_history(monkeypatch, tiny_model_dir, record_property):
@@ -32,7 +24,7 @@ def test_patched_launcher_serves_the_exact_token_history(monkeypatch, tiny_model
         with httpx.Client(timeout=300) as client:
             prompt = client.post(f"{root}/tokenize", json={"model": server.model_name, "messages": first}).json()
             content = "Skinny weather in Paris today"
-            generation = _piecewise(tok, content) + [tok.convert_tokens_to_ids("<|endoftext|>")]
+            generation = piecewise(tok, content) + [tok.convert_tokens_to_ids("<|endoftext|>")]
             history = prompt["tokens"] + generation
             messages = [
                 *first,

@@ -19,6 +19,7 @@ from nemo_gym_adapter.splice import (
     messages_through,
     splice_prompt,
 )
+from tests.support.conversations import TOOLS, template_view
 
 START, END, EOS, NL = 1, 2, 3, 4
 ROLE = {"system": 5, "user": 6, "assistant": 7, "tool": 8}
@@ -316,18 +317,6 @@ def test_only_the_template_stop_ids_count_as_turn_ends():
 # Real chat templates: the three tiny-model families, rendered exactly as vLLM renders a chat request.
 
 FAMILIES = ("qwen25", "qwen3", "llama3")
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather of a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-# The keys vLLM's chat parser hands to the template (token ids and log probs never reach it).
-_TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning", "reasoning_content")
 
 
 @pytest.fixture(scope="module")
@@ -349,25 +338,9 @@ def family_tokenizers(tiny_model_dir):
     return out
 
 
-def for_template(messages: list[dict]) -> list[dict]:
-    """What vLLM passes to the chat template: known keys only, tool-call arguments parsed from JSON."""
-    import json
-
-    out = []
-    for m in messages:
-        view = {k: m[k] for k in _TEMPLATE_KEYS if k in m}
-        if view.get("tool_calls"):
-            view["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                for c in view["tool_calls"]
-            ]
-        out.append(view)
-    return out
-
-
 def render_text(tok, messages: list[dict], add_generation_prompt: bool) -> str:
     return tok.apply_chat_template(
-        for_template(messages), tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
+        template_view(messages), tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
     )
 
 

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_gym_adapter.splice import TurnTemplate, last_tokenized_assistant, messages_through, splice_prompt
+from tests.support.conversations import template_view
 
 ENDINGS = ("terminator", "other_eos", "none")
 FOLLOW_UPS = ("env", "user", "injected_assistant")
@@ -119,7 +120,6 @@ TOOLS = [
     {"type": "function", "function": {"name": name, "description": "d", "parameters": {"type": "object"}}}
     for name in ("get_weather", "search")
 ]
-_TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning", "reasoning_content")
 
 
 @dataclass(frozen=True)
@@ -137,17 +137,8 @@ class Family:
         return [i for ch in text for i in self.encode(ch)]
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        view = []
-        for m in messages:  # what vLLM hands the template: known keys, tool-call arguments parsed from JSON
-            v = {k: m[k] for k in _TEMPLATE_KEYS if k in m}
-            if v.get("tool_calls"):
-                v["tool_calls"] = [
-                    {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                    for c in v["tool_calls"]
-                ]
-            view.append(v)
         text = self.tok.apply_chat_template(
-            view, tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
+            template_view(messages), tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
         )
         return self.encode(text)
 

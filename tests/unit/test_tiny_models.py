@@ -12,17 +12,7 @@ import pytest
 
 from nemo_gym_adapter.demo_models import templates as T
 from nemo_gym_adapter.demo_models import tiny_models as tm
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
+from tests.support.conversations import TOOLS
 
 
 def _call(city, as_string: bool) -> dict:

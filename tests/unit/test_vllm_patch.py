@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from nemo_gym_adapter import vllm_hooks, vllm_patch, vllm_prefix_render
 from nemo_gym_adapter.errors import ServerError, SetupError, TokenAlignmentError
 from nemo_gym_adapter.vllm_hooks import ContextLengthExceeded, clamp_output_budget, find_anchor, hook_target_for
+from tests.support.conversations import piecewise
 
 MAX_MODEL_LEN = 512
 
@@ -286,19 +287,10 @@ def _render_ids(tok, messages, add_generation_prompt=True) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def _piecewise(tok, text: str) -> list[int]:
-    """Ids the model might produce for ``text``: every word spelled in two pieces (never how the template encodes)."""
-    ids: list[int] = []
-    for i, word in enumerate(text.split(" ")):
-        piece = word if i == 0 else " " + word
-        ids += tok.encode(piece[:2], add_special_tokens=False) + tok.encode(piece[2:], add_special_tokens=False)
-    return ids
-
-
 def _conversation(tok, content="Skinny weather in Paris", stop=IM_END, user_tail="And Oslo?", pad_words=0):
     first = [{"role": "user", "content": "What is the weather? " + "weather " * pad_words}]
     prompt = _render_ids(tok, first)
-    generation = _piecewise(tok, content) + ([tok.convert_tokens_to_ids(stop)] if stop else [])
+    generation = piecewise(tok, content) + ([tok.convert_tokens_to_ids(stop)] if stop else [])
     assistant = {
         "role": "assistant",
         "content": content,
