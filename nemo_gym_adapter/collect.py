@@ -38,8 +38,8 @@ from typing import Any, TextIO
 
 DEFAULT_ENVS = ("example_single_tool_call",)
 NO_LIMIT = 1 << 20  # token budget when none is given: report every rollout, never truncate
-SUMMARY_KEYS = ("num_samples", "reward_mean", "success_rate", "masked_rate", "contiguity_rate", "num_turns_mean")
-SUMMARY_KEYS += ("generated_tokens_mean", "truncation_rate", "latency_p50")
+SUMMARY_KEYS: tuple[str, ...] = ("num_samples", "reward_mean", "success_rate", "masked_rate", "contiguity_rate")
+SUMMARY_KEYS += ("num_turns_mean", "generated_tokens_mean", "truncation_rate", "latency_p50")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -230,8 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ExitStack() as stack:
             t0 = time.monotonic()
-            gym_root = None if args.gym_head_url else gym_package_root(paths.gym_venv())
-            gym = GymServers.attach(args.gym_head_url) if args.gym_head_url else start_gym(args, stack, gym_root)
+            if args.gym_head_url:
+                gym_root, gym = None, GymServers.attach(args.gym_head_url)
+            else:
+                gym_root = gym_package_root(paths.gym_venv())
+                gym = start_gym(args, stack, gym_root)
             routes = gym.routes()
             setup_s = time.monotonic() - t0
             rows = []

@@ -122,7 +122,7 @@ class GymHead:
 
     def server_url(self, name: str) -> str:
         """``http://host:port`` of the server instance ``name`` (from the global config, as Gym's client does)."""
-        block = self.global_config().get(name)
+        block: Any = self.global_config().get(name)
         try:
             (server,) = [cfg for impls in block.values() for cfg in impls.values()]
             return f"http://{server['host']}:{server['port']}"

@@ -89,7 +89,7 @@ def pad_trajectories(
     non_tensors = {
         "__num_turns__": np.fromiter((t.num_turns for t in trajectories), dtype=np.int32, count=B),
         "gym_env": _objects([t.env_name for t in trajectories]),
-        "gym_masked_reason": _objects([t.masked_reason.value if t.masked else "" for t in trajectories]),
+        "gym_masked_reason": _objects([t.masked_reason.value if t.masked_reason else "" for t in trajectories]),
         "gym_truncated": np.fromiter((t.truncated for t in trajectories), dtype=bool, count=B),
         "gym_contiguity_failure": np.fromiter((t.contiguity_failure for t in trajectories), dtype=bool, count=B),
         "multi_modal_inputs": _objects([{} for _ in trajectories]),

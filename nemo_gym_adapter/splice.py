@@ -151,7 +151,7 @@ def last_tokenized_assistant(messages: Sequence[Mapping[str, Any]]) -> tuple[int
             _check_ids(value, f"messages[{index}].{key}")
         if not prompt:
             raise TokenAlignmentError(f"messages[{index}].{PROMPT_IDS_KEY} is empty: a prompt has at least one token")
-        return index, [*prompt, *generation]
+        return index, [*prompt, *generation]  # type: ignore[misc]  # _check_ids rejected a None generation
     return None
 
 

@@ -39,7 +39,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
-from nemo_gym_adapter.wire import GymRunResult, OutputItem, parse_run_result
+from nemo_gym_adapter.wire import GymRunResult, ModelCall, OutputItem, parse_run_result
 
 ContiguityPolicy = Literal["mask", "truncate", "raise"]
 
@@ -222,7 +222,7 @@ def _first_mismatch(actual: Sequence[int], expected: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _contiguous_prefix(calls: list[tuple[int, OutputItem]], where: str) -> tuple[int, str]:
+def _contiguous_prefix(calls: list[tuple[int, ModelCall]], where: str) -> tuple[int, str]:
     """How many leading calls form a contiguous history, and the first break described ("" when none)."""
     for k in range(1, len(calls)):
         (i_prev, prev), (i_cur, cur) = calls[k - 1], calls[k]
@@ -260,7 +260,7 @@ def build_trajectory(
     where = _where(row_index)
     output = result.response.output
     calls = result.model_calls()
-    common = dict(
+    common: dict[str, Any] = dict(
         env_name=env_name,
         gym_reward=result.reward,
         failure_kind=result.failure_kind,

@@ -266,7 +266,7 @@ async def _render_prefix(
 ) -> list[int]:
     """Token ids of ``prefix_messages`` rendered without a generation prompt (``prefix_render`` of the splice)."""
     fields = getattr(type(request), "model_fields", {})
-    update = {"add_generation_prompt": False, "continue_final_message": False}
+    update: dict[str, Any] = {"add_generation_prompt": False, "continue_final_message": False}
     # Shallow copy: fields the first render consumed (kv_transfer_params) or that would length-check are cleared.
     update.update({f: None for f in (*_BUDGET_FIELDS, "kv_transfer_params", "truncate_prompt_tokens") if f in fields})
     prefix_request = request.model_copy(update={k: v for k, v in update.items() if k in fields})

@@ -99,7 +99,9 @@ def apply_patch_to_actors(
     import ray
     from ray.exceptions import GetTimeoutError
 
-    items = list(actor_handles.items()) if isinstance(actor_handles, Mapping) else [(None, h) for h in actor_handles]
+    items: list[tuple[str | None, Any]] = (
+        list(actor_handles.items()) if isinstance(actor_handles, Mapping) else [(None, h) for h in actor_handles]
+    )
     pending = [(name or _describe_actor(h), h.__ray_call__.remote(_patch_inside_actor)) for name, h in items]
     deadline = time.monotonic() + timeout
     reports = []

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError, field_validator, model_validator
 
@@ -123,10 +123,10 @@ class OutputItem(WireModel):
         if present and len(present) != len(TOKEN_FIELDS):
             missing = sorted(set(TOKEN_FIELDS) - set(present))
             raise ValueError(f"token fields must come together: has {present}, missing {missing}")
-        if present and len(self.generation_token_ids) != len(self.generation_log_probs):
+        ids, logprobs = self.generation_token_ids, self.generation_log_probs
+        if ids is not None and logprobs is not None and len(ids) != len(logprobs):
             raise ValueError(
-                f"generation_token_ids has {len(self.generation_token_ids)} ids but generation_log_probs has "
-                f"{len(self.generation_log_probs)} values"
+                f"generation_token_ids has {len(ids)} ids but generation_log_probs has {len(logprobs)} values"
             )
         return self
 
@@ -138,6 +138,14 @@ class OutputItem(WireModel):
     def is_model_output(self) -> bool:
         """Produced by the model (assistant message, tool call, reasoning), with or without token ids."""
         return (self.type == "message" and self.role == "assistant") or self.type in _MODEL_ITEM_TYPES
+
+
+class ModelCall(NamedTuple):
+    """The token ids of one model call (from the output item that carries them; never None here)."""
+
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
 
 
 class IncompleteDetails(WireModel):
@@ -169,9 +177,15 @@ class GymRunResult(WireModel):
             raise ValueError(f"reward must be finite, got {value!r}")
         return value
 
-    def model_calls(self) -> list[tuple[int, OutputItem]]:
-        """``(index in response.output, item)`` of every item that carries token ids, in trajectory order."""
-        return [(i, item) for i, item in enumerate(self.response.output) if item.has_token_ids]
+    def model_calls(self) -> list[tuple[int, ModelCall]]:
+        """``(index in response.output, its ids)`` of every item that carries token ids, in trajectory order."""
+        return [
+            (i, ModelCall(item.prompt_token_ids, item.generation_token_ids, item.generation_log_probs))
+            for i, item in enumerate(self.response.output)
+            if item.prompt_token_ids is not None
+            and item.generation_token_ids is not None
+            and item.generation_log_probs is not None
+        ]
 
 
 def describe_validation_error(error: ValidationError, *, max_errors: int = 5) -> str:

@@ -204,7 +204,7 @@ def _train_tokenizer(spec: _Family):
 def _write_tokenizer(out: Path, spec: _Family, tok) -> None:
     """Write tokenizer.json and tokenizer_config.json (chat template inside, as older checkpoints ship it)."""
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
-    config = {
+    config: dict[str, object] = {
         "tokenizer_class": spec.tokenizer_class,
         "bos_token": spec.bos,
         "eos_token": spec.eos,

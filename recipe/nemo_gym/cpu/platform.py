@@ -167,7 +167,7 @@ class PlatformCPU(PlatformBase):
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         return False  # never auto-detected: a GPU host whose actor cannot see CUDA must not fall back to CPU
 
-    def current_device(self) -> str:  # type: ignore[override]  # verl uses it as a torch device spec
+    def current_device(self) -> str:  # verl uses it as a torch device spec
         return "cpu"
 
     def device_count(self) -> int:
