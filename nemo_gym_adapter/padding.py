@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from nemo_gym_adapter.trajectory import OutcomeLike, Trajectory, TrajectoryConfig, trajectory_from_outcome
+from nemo_gym_adapter.trajectory import Trajectory
 
 
 @dataclass(frozen=True)
@@ -111,21 +111,3 @@ def _objects(values: list[Any]) -> np.ndarray:
     arr = np.empty(len(values), dtype=object)
     arr[:] = values
     return arr
-
-
-def postprocess(
-    outcomes: Sequence[OutcomeLike], env_names: Sequence[str], config: TrajectoryConfig, *, pad_token_id: int
-) -> tuple[list[Trajectory], PaddedBatch]:
-    """All of a batch's outcomes (in row order) → trajectories and the padded batch (the manager's one call)."""
-    if len(outcomes) != len(env_names):
-        raise ValueError(f"postprocess: {len(outcomes)} outcomes but {len(env_names)} env names")
-    trajectories = [
-        trajectory_from_outcome(o, env_name=e, config=config) for o, e in zip(outcomes, env_names, strict=True)
-    ]
-    batch = pad_trajectories(
-        trajectories,
-        prompt_length=config.prompt_length,
-        response_length=config.response_length,
-        pad_token_id=pad_token_id,
-    )
-    return trajectories, batch

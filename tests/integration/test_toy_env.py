@@ -9,7 +9,8 @@ What the CPU GRPO demo relies on, checked here:
   starts near 1/4: room to learn, and not zero.
 * The logprobs vLLM returns are the model's own (vLLM's default ``raw_logprobs``; ``allowed_token_ids`` masks after
   them): equal to what a plain transformers forward pass gives, which is what verl's actor recomputes.
-* ``trajectory.postprocess`` accepts every result: nothing masked, one sampled token per row.
+* The rollout core (``rollout_core.RolloutCore``, what every trainer path runs) accepts every result: nothing
+  masked, one sampled token per row; padded, one trained token per row.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import pytest
 
 from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, resolve_config_paths
 from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.padding import postprocess
-from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
+from nemo_gym_adapter.padding import pad_trajectories
+from nemo_gym_adapter.rollout_client import RolloutClientConfig
+from nemo_gym_adapter.rollout_core import BlockingRolloutCore, RolloutCore
 from nemo_gym_adapter.routing import GymRoutes
 from nemo_gym_adapter.trajectory import TrajectoryConfig
 
@@ -60,11 +62,14 @@ def toy_gym(toy_spec) -> GymServers:
 
 
 @pytest.fixture(scope="module")
-def toy_outcomes(toy_gym):
+def toy_step(toy_gym):
+    """(rows, StepResult) of 48 rows x REPEATS through the rollout core, as a trainer step runs them."""
     rows = toy_rows() * REPEATS
     routes = GymRoutes.fetch_blocking(toy_gym.head_url)
-    with BlockingRolloutClient(routes, RolloutClientConfig(max_concurrency=16, timeout_s=600, progress=False)) as c:
-        return rows, c.run(rows, overrides=OVERRIDES)
+    config = TrajectoryConfig(prompt_length=256, response_length=OVERRIDES["max_output_tokens"])
+    client = RolloutClientConfig(max_concurrency=16, timeout_s=600, progress=False)
+    with BlockingRolloutCore(RolloutCore(routes, config, client)) as core:
+        return rows, core.run_step(rows, [AGENT] * len(rows), OVERRIDES)
 
 
 def _reply_text(result: dict[str, Any]) -> str:
@@ -87,8 +92,9 @@ def test_rows_route_to_the_toy_environment_server(toy_gym):
     assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["return_token_id_information"] is True
 
 
-def test_every_row_returns_a_single_letter_with_a_binary_reward_near_the_base_rate(toy_outcomes):
-    rows, outcomes = toy_outcomes
+def test_every_row_returns_a_single_letter_with_a_binary_reward_near_the_base_rate(toy_step):
+    rows, step = toy_step
+    outcomes = [row.outcome for row in step.rows]
     assert len(outcomes) == len(rows) == 48 * REPEATS
     assert all(o.ok for o in outcomes), [o.failure for o in outcomes if not o.ok][:3]
     assert {o.agent for o in outcomes} == {AGENT}
@@ -103,16 +109,18 @@ def test_every_row_returns_a_single_letter_with_a_binary_reward_near_the_base_ra
     assert 0.05 <= base_rate <= 0.6
 
 
-def test_trajectories_have_one_sampled_token_with_the_models_raw_logprob(toy_outcomes, vllm_server):
+def test_trajectories_have_one_sampled_token_with_the_models_raw_logprob(toy_step, vllm_server):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _, outcomes = toy_outcomes
-    config = TrajectoryConfig(prompt_length=256, response_length=OVERRIDES["max_output_tokens"])
+    _, step = toy_step
+    outcomes, trajs = [row.outcome for row in step.rows], step.trajectories
     tokenizer = AutoTokenizer.from_pretrained(vllm_server.model_path)
     letter_ids = {tokenizer.convert_tokens_to_ids(c) for c in CHOICES}
     assert letter_ids == {32, 33, 34, 35}  # the ids the data's extra_body names
-    trajs, batch = postprocess(outcomes, [AGENT] * len(outcomes), config, pad_token_id=tokenizer.pad_token_id)
+    lengths = {"prompt_length": 256, "response_length": OVERRIDES["max_output_tokens"]}
+    batch = pad_trajectories(trajs, **lengths, pad_token_id=tokenizer.pad_token_id)
+    assert step.metrics[f"gym/{AGENT}/masked_rate"] == 0.0 and step.metrics["gym/all/contiguity_rate"] == 1.0
 
     assert not [t.masked_reason for t in trajs if t.masked]
     assert all(t.num_generated == 1 and t.num_turns == 1 and len(t.response_ids) == 1 for t in trajs)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from nemo_gym_adapter.padding import pad_trajectories, postprocess
+from nemo_gym_adapter.padding import pad_trajectories
 from nemo_gym_adapter.trajectory import (
     MaskReason,
     Trajectory,
@@ -146,16 +146,17 @@ def test_padding_rejects_rows_longer_than_the_lengths():
         pad_trajectories([t], prompt_length=8, response_length=4, pad_token_id=PAD)
 
 
-def test_postprocess_end_to_end_in_row_order():
+def test_outcomes_to_padded_rows_in_row_order():
     outcomes = [
         FakeOutcome(0, 2.0, result=handmade_multiturn(P0, [G0, G1], [E0])),
         FakeOutcome(1, 9.0, failure=FakeFailure("timeout", "after 900 s")),
     ]
-    trajs, batch = postprocess(outcomes, ["a", "b"], CFG, pad_token_id=PAD)
+    trajs = [trajectory_from_outcome(o, env_name=e, config=CFG) for o, e in zip(outcomes, ["a", "b"], strict=True)]
+    batch = pad_trajectories(
+        trajs, prompt_length=CFG.prompt_length, response_length=CFG.response_length, pad_token_id=PAD
+    )
     assert [t.masked_reason for t in trajs] == [None, MaskReason.TIMEOUT]
     assert batch.tensors["response_mask"].sum(-1).tolist() == [5, 0]
-    with pytest.raises(ValueError, match="2 outcomes but 1 env names"):
-        postprocess(outcomes, ["a"], CFG, pad_token_id=PAD)
 
 
 def test_batch_is_accepted_by_verl_dataproto_and_position_ids_match_verl():

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError, TokenAlignmentError
-from nemo_gym_adapter.padding import pad_trajectories, postprocess
+from nemo_gym_adapter.padding import pad_trajectories
 from nemo_gym_adapter.trajectory import MaskReason, TrajectoryConfig, build_trajectory, trajectory_from_outcome
 from nemo_gym_adapter.wire import parse_run_result
 from tests.support.gym_results import (
@@ -118,7 +118,10 @@ def test_the_real_rollout_client_records_are_accepted():
     ok = RolloutOutcome(0, "env_a", "env_a_server", 2.5, 1, result=handmade_multiturn(P0, [G0], []))
     failed = RolloutOutcome(1, "env_a", "env_a_server", 900.0, 1, failure=RolloutFailure("timeout", "900 s", None))
     unsent = RolloutOutcome(2, None, None, 0.0, 0, failure=RolloutFailure("unknown_agent", "no such agent"))
-    trajs, batch = postprocess([ok, failed, unsent], ["env_a"] * 3, CFG, pad_token_id=PAD)
+    trajs = [trajectory_from_outcome(o, env_name="env_a", config=CFG) for o in (ok, failed, unsent)]
+    batch = pad_trajectories(
+        trajs, prompt_length=CFG.prompt_length, response_length=CFG.response_length, pad_token_id=PAD
+    )
     assert [t.masked_reason for t in trajs] == [None, MaskReason.TIMEOUT, MaskReason.UNROUTABLE]
     assert [t.latency_s for t in trajs] == [2.5, 900.0, None]  # never sent: no latency rather than 0 s
     assert batch.tensors["response_mask"].sum(-1).tolist() == [2, 0, 0]
