@@ -52,6 +52,11 @@ class GymManagerBase:
     ``class M(GymManagerBase, AgentLoopManager)``. verl's ``__init__`` sets ``config``, ``llm_client`` and
     ``model_config``; :meth:`create` then runs :meth:`start` (the module docstring's steps)."""
 
+    # Set by verl's manager __init__ (the class this mixin is combined with).
+    config: Any
+    llm_client: Any
+    model_config: Any
+
     def __init__(
         self,
         config: Any,
@@ -91,14 +96,14 @@ class GymManagerBase:
     def start(self) -> None:
         """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
         t0 = time.perf_counter()
-        self.replicas, handles = find_replicas(self.llm_client)  # type: ignore[attr-defined]
+        self.replicas, handles = find_replicas(self.llm_client)
         if self.recipe.gym.patch_vllm:
             patch_replicas(handles)
         t1 = time.perf_counter()
         card = read_model_card(self.replicas)
         self.served_model_name = card.name
         self.max_model_len = effective_max_model_len(self.recipe.max_model_len, card.max_model_len)
-        self._load_tokenizer()
+        self.pad_token_id, self.probe_ids = tokenizer_ids(self.model_config, self.recipe.model_path)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
         self.core = RolloutCore(
@@ -110,18 +115,6 @@ class GymManagerBase:
         self.setup_seconds = {"find_and_patch_s": t1 - t0, "gym_start_s": t2 - t1, "total_s": time.perf_counter() - t0}
         atexit.register(self.shutdown)
         logger.info("NeMo Gym manager ready in %.1fs: replicas %s, Gym %s", t2 - t0, list(self.replicas), self.gym)
-
-    def _load_tokenizer(self) -> None:
-        from verl.utils.config import omega_conf_to_dataclass
-        from verl.workers.config import HFModelConfig
-
-        model_config = self.model_config  # type: ignore[attr-defined]
-        tokenizer = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is None:
-            raise AdapterError(f"actor_rollout_ref.model.path={self.recipe.model_path}: tokenizer has no pad/eos token")
-        self.pad_token_id = int(pad)
-        self.probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
 
     def _start_gym(self, model_name: str) -> GymServers:
         gym = self.recipe.gym
@@ -171,6 +164,18 @@ class GymManagerBase:
                 cleanup()
             except Exception:  # cleanup must go on
                 logger.exception("stopping the %s failed", what)
+
+
+def tokenizer_ids(model_config: Any, model_path: str) -> tuple[int, list[int]]:
+    """The pad id (EOS when the tokenizer has no pad) and the engine probe's token ids, from verl's model config."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import HFModelConfig
+
+    tokenizer = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise AdapterError(f"actor_rollout_ref.model.path={model_path}: tokenizer has no pad/eos token")
+    return int(pad), [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
 
 
 def find_replicas(llm_client: Any) -> tuple[dict[str, str], dict[str, Any]]:
