@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from nemo_gym_adapter.errors import AdapterError
 
 T = TypeVar("T")
+F = TypeVar("F", bound="BlockingFacade")
 
 
 class LoopThread:
@@ -62,3 +63,22 @@ class LoopThread:
             self._thread.join(timeout=10)
             if not self._thread.is_alive():
                 self._loop.close()
+
+
+class BlockingFacade:
+    """Base of the synchronous faces of async objects: their coroutines run on a :class:`LoopThread`; :meth:`close`
+    runs the object's async close there, then stops the thread. A context manager."""
+
+    def __init__(self, name: str, aclose: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        self._loop = LoopThread(name)
+        self._aclose = aclose
+
+    def close(self) -> None:
+        """Close the async object and stop the loop thread. Idempotent."""
+        self._loop.close(self._aclose())
+
+    def __enter__(self: F) -> F:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

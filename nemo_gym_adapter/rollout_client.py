@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - optional speed-up, same results
     orjson = None  # type: ignore[assignment]  # a module or None: checked before each use
 
 from nemo_gym_adapter.errors import AdapterConfigError
-from nemo_gym_adapter.loop_thread import LoopThread
+from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.progress import RolloutProgress
 from nemo_gym_adapter.routing import GymRoutes, Route, Unroutable
 
@@ -327,14 +327,14 @@ async def post_with_retries(
     return result
 
 
-class BlockingRolloutClient:
-    """Synchronous facade for non-async callers: a :class:`RolloutClient` on its own :class:`LoopThread`."""
+class BlockingRolloutClient(BlockingFacade):
+    """Synchronous facade for non-async callers: a :class:`RolloutClient` on its own event-loop thread."""
 
     def __init__(self, routes: GymRoutes, config: RolloutClientConfig | None = None) -> None:
         self.routes = routes
         self.config = config or RolloutClientConfig()
-        self._loop = LoopThread("gym-rollout-client")
         self._client = RolloutClient(routes, self.config)
+        super().__init__("gym-rollout-client", self._client.close)
 
     @classmethod
     def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> BlockingRolloutClient:
@@ -350,13 +350,3 @@ class BlockingRolloutClient:
     ) -> list[RolloutOutcome]:
         """Blocking :meth:`RolloutClient.run` (``on_outcome`` runs in the client's loop thread)."""
         return self._loop.run(self._client.run(rows, overrides=overrides, desc=desc, on_outcome=on_outcome))
-
-    def close(self) -> None:
-        """Close the HTTP session and stop the loop thread. Idempotent."""
-        self._loop.close(self._client.close())
-
-    def __enter__(self) -> BlockingRolloutClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_adapter.errors import AdapterError
-from nemo_gym_adapter.loop_thread import LoopThread
+from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.metrics import compute_metrics
 from nemo_gym_adapter.rollout_client import RolloutClient, RolloutClientConfig, RolloutOutcome
 from nemo_gym_adapter.routing import GymRoutes
@@ -167,15 +167,14 @@ class RolloutCore:
         await self.aclose()
 
 
-class BlockingRolloutCore:
-    """:class:`RolloutCore` for synchronous callers: the core runs on its own event-loop thread.
-
-    ``core`` must not have run a step on another event loop (its HTTP session belongs to the first loop it ran in).
-    """
+class BlockingRolloutCore(BlockingFacade):
+    """:class:`RolloutCore` for synchronous callers: the core runs on its own event-loop thread; :meth:`close`
+    closes its HTTP session there. ``core`` must not have run a step on another event loop (its HTTP session
+    belongs to the first loop it ran in)."""
 
     def __init__(self, core: RolloutCore) -> None:
         self.core = core
-        self._loop = LoopThread("gym-rollout-core")
+        super().__init__("gym-rollout-core", core.aclose)
 
     def run_step(
         self,
@@ -188,16 +187,6 @@ class BlockingRolloutCore:
     ) -> StepResult:
         """Blocking :meth:`RolloutCore.run_step` (``on_row`` runs in the core's loop thread)."""
         return self._loop.run(self.core.run_step(rows, envs, overrides, on_row=on_row, desc=desc))
-
-    def close(self) -> None:
-        """Close the HTTP session and stop the loop thread. Idempotent."""
-        self._loop.close(self.core.aclose())
-
-    def __enter__(self) -> BlockingRolloutCore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _routed(row: Mapping[str, Any], env: str) -> Mapping[str, Any]:

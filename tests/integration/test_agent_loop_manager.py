@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.verl_workers import spawn_cpu_actor_workers
+from tests.integration.verl_workers import actor_weights, spawn_cpu_actor_workers
 
 pytestmark = pytest.mark.integration
 
@@ -204,9 +204,9 @@ def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
     batch = compute_advantage(batch, adv_estimator=cfg.algorithm.adv_estimator, config=cfg.algorithm)
     assert batch.batch["advantages"].abs().sum() > 0
 
-    before = _weights(actor_wg)
+    before = actor_weights(actor_wg)
     metrics = RayPPOTrainer._update_actor(trainer, batch).meta_info["metrics"]
-    after = _weights(actor_wg)
+    after = actor_weights(actor_wg)
     assert np.isfinite(np.mean(metrics["actor/pg_loss"]))
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -234,16 +234,3 @@ def test_shutdown_stops_gym_and_is_idempotent(stack):
     assert not (run_dir / "gym.pid").exists()
     with pytest.raises(Exception, match="after shutdown"):
         manager.generate_sequences(_gen_batch(stack[0])[1])
-
-
-def _weights(worker_group) -> dict[str, torch.Tensor]:
-    import ray
-
-    def read(worker_dict):
-        module = worker_dict.worker_dict["actor_rollout"].actor.engine.module
-        return {
-            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for n, p in module.named_parameters()
-        }
-
-    return ray.get(worker_group.workers[0].__ray_call__.remote(read))

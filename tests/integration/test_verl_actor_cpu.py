@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.verl_workers import spawn_cpu_actor_workers
+from tests.integration.verl_workers import actor_weights, spawn_cpu_actor_workers
 
 pytestmark = pytest.mark.integration
 
@@ -163,20 +163,6 @@ def _hf_logprobs(model, rows) -> torch.Tensor:
     return out
 
 
-def _fetch_weights(worker_group) -> dict[str, torch.Tensor]:
-    """Full parameters of the live FSDP2 actor (test-only introspection through Ray's __ray_call__)."""
-    import ray
-
-    def read(worker_dict):
-        module = worker_dict.worker_dict["actor_rollout"].actor.engine.module
-        return {
-            name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in module.named_parameters()
-        }
-
-    return ray.get(worker_group.workers[0].__ray_call__.remote(read))
-
-
 def test_compute_log_prob_matches_hf_and_update_actor_trains(cpu_actor, tiny_model_qwen25):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
@@ -217,11 +203,11 @@ def test_compute_log_prob_matches_hf_and_update_actor_trains(cpu_actor, tiny_mod
     assert advantages[5].abs().sum() == 0 and advantages[6].abs().sum() > 0
 
     # 3. update_actor (one PPO mini-batch of 8 rows, one epoch).
-    before = _fetch_weights(worker_group)
+    before = actor_weights(worker_group)
     started = time.perf_counter()
     metrics = RayPPOTrainer._update_actor(trainer, batch).meta_info["metrics"]
     t_update = time.perf_counter() - started
-    after = _fetch_weights(worker_group)
+    after = actor_weights(worker_group)
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     print(f"update_actor: {t_update:.3f}s, {len(changed)}/{len(before)} tensors changed, metrics keys {len(metrics)}")
     assert len(changed) == len(before), f"unchanged: {sorted(set(before) - set(changed))}"

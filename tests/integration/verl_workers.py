@@ -1,6 +1,7 @@
 """Test helper: verl's FSDP2 actor worker group on CPU, built the way ``RayPPOTrainer.init_workers`` builds it.
 
-Shared by the integration tests that need verl's real actor (CPU platform worker, one logical GPU slot).
+Shared by the integration tests that need verl's real actor (CPU platform worker, one logical GPU slot), with a
+reader of its live parameters.
 """
 
 from __future__ import annotations
@@ -59,3 +60,17 @@ def spawn_cpu_actor_workers(
     actor_wg = group.spawn(prefix_set={str(role)})[str(role)]
     actor_wg.init_model()
     return ActorWorkers(actor_wg=actor_wg, group=group, pools=pools, role=role)
+
+
+def actor_weights(worker_group: Any) -> dict[str, Any]:
+    """Full parameters of the live FSDP2 actor (test-only introspection through Ray's __ray_call__)."""
+    import ray
+
+    def read(worker_dict):
+        module = worker_dict.worker_dict["actor_rollout"].actor.engine.module
+        return {
+            name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in module.named_parameters()
+        }
+
+    return ray.get(worker_group.workers[0].__ray_call__.remote(read))
