@@ -44,10 +44,10 @@ from nemo_gym_adapter.errors import AdapterConfigError, SetupError
 FAMILIES = ("qwen25", "qwen3", "llama3")
 # Bump on any intentional change of the produced models. Cached builds are also rebuilt automatically when
 # this module, the templates module or a library that writes the files changes (see ``recipe_fingerprint``).
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 STAMP_NAME = "tiny_model_stamp.json"
 
-BASE_VOCAB_SIZE = 3000  # BPE target before special tokens; the model's vocab is padded to a multiple of 64
+BASE_VOCAB_SIZE = 3000  # BPE target before special tokens; the model has exactly one row per token (see _write_model)
 HIDDEN_SIZE = 64
 NUM_LAYERS = 2
 NUM_HEADS = 2
@@ -229,7 +229,11 @@ def _write_model(out: Path, spec: _Family, tok) -> None:
     import transformers
 
     ids = {t: tok.token_to_id(t) for t in spec.special + spec.added}
-    vocab = -(-tok.get_vocab_size(with_added_tokens=True) // 64) * 64
+    # One row per token, not padded to a multiple of 64 as real checkpoints are: verl's vLLM server sets the logits
+    # beyond len(tokenizer) to -inf (monkey_patch_compute_logits) while verl's actor normalises over every row, so
+    # each random padding row put the rollout log-probs above the actor's, by ~rows/vocab per token (3.4e-4 for
+    # qwen25's one row, 2.1e-2 for qwen3's 63). scripts/probe_logprob_offset.py measures it.
+    vocab = tok.get_vocab_size(with_added_tokens=True)
     common = dict(
         vocab_size=vocab,
         hidden_size=HIDDEN_SIZE,

@@ -13,8 +13,8 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
 
 verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
 ``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
-token-level mean |Δ logprob| and a K3 estimate over exactly the trained tokens, and also works when every sample of a
-step is masked (reported as NaN, not a crash).
+token-level mean |Δ logprob| and a K3 estimate over exactly the trained tokens. When every sample of a step is masked
+both are reported as NaN, not a crash (verl's own step raises there; :mod:`recipe.nemo_gym.rollout_correction`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
+from recipe.nemo_gym import rollout_correction
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,12 @@ def logprob_gap_metrics(
 
 
 class NemoGymPPOTrainer(RayPPOTrainer):
-    """verl's legacy trainer plus ``onpolicy/*`` metrics (reported with the actor update's own metrics)."""
+    """verl's legacy trainer plus ``onpolicy/*`` metrics (reported with the actor update's own metrics), and verl's
+    rollout-correction step guarded against a step in which every sample is masked (:mod:`.rollout_correction`)."""
+
+    def fit(self) -> Any:
+        rollout_correction.install()
+        return super().fit()
 
     def _update_actor(self, batch: Any) -> Any:
         gap = None

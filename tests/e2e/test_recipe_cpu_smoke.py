@@ -4,8 +4,10 @@ One subprocess runs the whole thing as a user would: verl's legacy trainer with 
 replica (patched), NeMo Gym (``example_single_tool_call``, its bundled example rows) started by our manager, two
 GRPO steps (``masked_grpo``) with a weight sync to vLLM after each. Checked from the console logger's output:
 both steps are logged with per-environment reward, masked rate, contiguity rate and the rollout-vs-actor logprob
-gap. Afterwards no process may be left: the test process becomes a child subreaper for the run, so anything the
-run leaves behind (Ray helpers, Gym servers re-parented away from their dead parents) lands here and is caught.
+gap. A second, one-step run has every rollout masked and must still finish, with the gap metrics (ours and verl's
+``rollout_corr/*``) as NaN. Afterwards no process may be left: the test process becomes a child subreaper for the
+run, so anything the run leaves behind (Ray helpers, Gym servers re-parented away from their dead parents) lands here
+and is caught.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ PROBE_MIN_MOVE = 2e-6  # float32 log-probs near -8 resolve ~5e-7; an unsynced en
 TIMEOUT_S = float(os.environ.get("NGV_E2E_TIMEOUT", "1500"))
 ENV = "example_single_tool_call_simple_agent"
 PR_SET_CHILD_SUBREAPER = 36
-GAP_TOL = 1e-3  # fp32 on both sides; the step-2 gap also checks verl's weight sync into vLLM
+# Mean |rollout - actor| log-prob, fp32 on both sides: float32 rounding (~3e-7; the tiny models' old padded vocabulary
+# gave 3e-4). The step-2 gap also checks verl's weight sync into vLLM.
+GAP_TOL = 1e-5
 _VALUE = re.compile(r"^(?:np\.float\d+\()?([-+0-9.eEinfa]+)\)?$")
 
 
@@ -87,21 +91,17 @@ def reaped_children():
         psutil.wait_procs(stray, timeout=10)
 
 
-def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_children):
+def _run_recipe(tmp_path: Path, *overrides: str) -> tuple[str, float]:
+    """``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu`` with ``overrides``; (log text, wall seconds)."""
     log_path = tmp_path / "recipe.log"
-    run_dir = tmp_path / "gym"
     cmd = [
         sys.executable,
         "-m",
         "recipe.nemo_gym.main",
         "--config-name",
         "nemo_gym_cpu",
-        f"trainer.total_training_steps={STEPS}",
-        # A large step, so step 1's update (AdamW's weight decay alone, should every advantage be 0) moves the engine's
-        # log-probs well above float32 noise (measured: 1.3e-5 on the probe; the step-1 probe was identical to 15
-        # digits across separate runs, so an unsynced engine reads the same value twice).
-        f"actor_rollout_ref.actor.optim.lr={LR}",
-        f"nemo_gym.run_dir={run_dir}",
+        *overrides,
+        f"nemo_gym.run_dir={tmp_path / 'gym'}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
     ]
     started = time.monotonic()
@@ -116,6 +116,19 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     wall = time.monotonic() - started
     text = log_path.read_text(errors="replace")
     assert status == 0, f"exit {status} after {wall:.0f}s\n{text[-6000:]}"
+    return text, wall
+
+
+def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_children):
+    run_dir = tmp_path / "gym"
+    text, wall = _run_recipe(
+        tmp_path,
+        f"trainer.total_training_steps={STEPS}",
+        # A large step, so step 1's update (AdamW's weight decay alone, should every advantage be 0) moves the engine's
+        # log-probs well above float32 noise (measured: 1.3e-5 on the probe; the step-1 probe was identical to 15
+        # digits across separate runs, so an unsynced engine reads the same value twice).
+        f"actor_rollout_ref.actor.optim.lr={LR}",
+    )
 
     steps = _parse_steps(text)
     assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
@@ -151,6 +164,26 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     )
 
     assert not (run_dir / "gym.pid").exists()  # the manager stopped Gym itself
+    left = reaped_children()
+    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
+
+
+def test_a_step_with_every_sample_masked_completes_with_nan_gap_metrics(tmp_path, reaped_children):
+    """Every rollout masked (each prompt is longer than ``data.max_prompt_length``): verl's step runs to the end.
+
+    verl's own rollout-correction step raises on a batch without a valid token; the trainer's guard
+    (``recipe.nemo_gym.rollout_correction``) reports its metrics as NaN instead, like ``onpolicy/*``.
+    """
+    text, wall = _run_recipe(tmp_path, "trainer.total_training_steps=1", "data.max_prompt_length=16")
+    steps = _parse_steps(text)
+    assert sorted(steps) == [1], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    m = steps[1]
+    assert m["timing_s/gym/all/masked_rate"] == 1.0 and m["timing_s/gym/all/masked_rate/prompt_too_long"] == 1.0
+    assert m["onpolicy/num_tokens"] == 0
+    for key in ("onpolicy/logprob_abs_diff_mean", "onpolicy/kl_k3", "rollout_corr/kl", "rollout_corr/k3_kl"):
+        assert key in m and math.isnan(m[key]), (key, sorted(m))
+    print(f"all-masked step: {wall:.0f}s wall; actor/pg_loss {m.get('actor/pg_loss')}")
+    assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 

@@ -34,6 +34,8 @@ def test_config_composes_and_validates(name):
     assert cfg.data.custom_cls.path == "pkg://nemo_gym_adapter.dataset"
     # verl's own defaults are present underneath ours
     assert cfg.actor_rollout_ref.rollout.checkpoint_engine.backend == "naive"
+    # verl's rollout_corr/* metrics stay on (decoupled mode): a step with every sample masked is guarded
+    assert cfg.algorithm.rollout_correction is not None and not cfg.algorithm.rollout_correction.bypass_mode
     assert recipe.gym.config_paths and recipe.gym.head_url is None
     for f in [cfg.data.train_files] if isinstance(cfg.data.train_files, str) else cfg.data.train_files:
         assert Path(f).is_file(), f

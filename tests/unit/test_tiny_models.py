@@ -206,7 +206,7 @@ def test_model_config_and_forward_pass(tiny_model_dir, family):
     assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, head_dim) == (64, 2, 2, 32)
     assert config.max_position_embeddings == 16384 and config.tie_word_embeddings
     tok = _tokenizer(path)
-    assert config.vocab_size % 64 == 0 and config.vocab_size >= len(tok)
+    assert config.vocab_size == len(tok)  # no padding rows: see test_softmax_over_every_row_is_verls_rollout_softmax
     model = AutoModelForCausalLM.from_pretrained(path)
     assert type(model).__name__ == spec.architecture
     assert next(model.parameters()).dtype == torch.float32
@@ -215,6 +215,26 @@ def test_model_config_and_forward_pass(tiny_model_dir, family):
         logits = model(torch.tensor([ids])).logits
     assert logits.shape == (1, len(ids), config.vocab_size)
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("family", tm.FAMILIES)
+def test_softmax_over_every_row_is_verls_rollout_softmax(tiny_model_dir, family):
+    """verl's actor normalises over every LM-head row; verl's vLLM server only over the first len(tokenizer) rows
+    (``monkey_patch_compute_logits`` sets the rest to -inf). On our models both must be the same distribution:
+    with the old padding to a multiple of 64 the rollout log-probs sat 3.4e-4 (qwen25) / 2.1e-2 (qwen3) above."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_dir(family)
+    tok = _tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    ids = tok.apply_chat_template(conversation(), add_generation_prompt=True, return_dict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    actor = torch.log_softmax(logits, dim=-1)[:, : len(tok)]
+    rollout = torch.log_softmax(logits[:, : len(tok)], dim=-1)
+    gap = (rollout - actor).abs().max().item()
+    assert gap < 1e-6, f"{family}: rollout softmax {gap:.1e} above the actor's ({model.config.vocab_size} rows)"
 
 
 # ------------------------------------------------------------------------------------------ chat templates
