@@ -165,7 +165,7 @@ def compose(model_dir: Path, extra: list[str] = ()):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     base = list(cpu_platform.CPU_ACTOR_OVERRIDES)
     keys = {o.lstrip("+").split("=")[0] for o in extra}
@@ -308,18 +308,18 @@ def verl_rows(name: str, model_dir: Path, seqs, all_knobs: bool) -> Rows:
     import ray
     from transformers import AutoTokenizer
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
     from tests.integration.verl_workers import spawn_cpu_actor_workers
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    env = {"VERL_USE_EXTERNAL_MODULES": "recipe.nemo_gym.cpu_rollout"}
+    env = {"VERL_USE_EXTERNAL_MODULES": "recipe.nemo_gym.cpu.rollout"}
     cpu_platform.apply_env(env)
     ray.init(address="local", num_cpus=12, num_gpus=2, include_dashboard=False, runtime_env={"env_vars": env})
     rows, low = Rows(), LOW_TEMPERATURE
     try:
         from verl.workers.rollout.llm_server import LLMServerManager
 
-        import recipe.nemo_gym.cpu_rollout  # noqa: F401  (the CPU replica registered as "vllm")
+        import recipe.nemo_gym.cpu.rollout  # noqa: F401  (the CPU replica registered as "vllm")
 
         config = compose(model_dir)
         t0 = time.perf_counter()
@@ -365,7 +365,7 @@ def verl_rows(name: str, model_dir: Path, seqs, all_knobs: bool) -> Rows:
 
 def plain_vllm_rows(name: str, model_dir: Path, seqs) -> Rows:
     """A plain vLLM OpenAI server (no verl patch; vLLM's default raw_logprobs) on the same model and tokens."""
-    from nemo_gym_adapter.testing.vllm_fixtures import start_vllm_server
+    from nemo_gym_adapter.vllm_server import start_vllm_server
 
     rows, low = Rows(), LOW_TEMPERATURE
     with start_vllm_server(model_dir, served_model_name="probe", log_name="vllm-probe-offset") as server:
@@ -418,13 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is not None:
         return probe_checkpoint(args.model)
 
-    from recipe.nemo_gym import cpu_platform
+    from recipe.nemo_gym.cpu import platform as cpu_platform
 
     cpu_platform.apply_env()  # before verl is imported anywhere in this process
     os.environ["VERL_USE_EXTERNAL_MODULES"] += ",recipe.nemo_gym.cpu_rollout"
     from transformers import AutoTokenizer
 
-    from nemo_gym_adapter.testing.tiny_models import build_tiny_model
+    from nemo_gym_adapter.demo_models.tiny_models import build_tiny_model
 
     started = time.perf_counter()
     base = build_tiny_model(args.family)

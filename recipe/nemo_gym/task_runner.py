@@ -5,7 +5,7 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
 
 1. ``masked_grpo`` is registered in this process (verl computes advantages in the TaskRunner, a Ray actor, so
    registering it in the driver is not enough): importing :mod:`recipe.nemo_gym.advantage` does it.
-2. On CPU (``trainer.device=cpu``) the actor role maps to ``cpu_platform.CpuActorRolloutRefWorker`` (plain gloo
+2. On CPU (``trainer.device=cpu``) the actor role maps to ``cpu.platform.CpuActorRolloutRefWorker`` (plain gloo
    process group; see PLATFORM_NOTES.md). On GPU verl's own worker is used unchanged.
 3. The trainer is :class:`NemoGymPPOTrainer`: verl's ``RayPPOTrainer`` plus the logprob gap between the rollout
    (vLLM, as returned by Gym) and the actor's recomputation, logged every step as ``onpolicy/*`` (see
