@@ -25,7 +25,7 @@ _FOREIGN_BOMS = (
 
 
 def read_lines(path: str, hasher: Any = None) -> Iterator[tuple[int, str | DatasetError, int]]:
-    """``(line number, stripped text, characters stripped at the start)`` of every non-blank line.
+    """``(line number, stripped text, whitespace characters stripped at the start)`` of every non-blank line.
 
     Lines are split at ``\\n`` only (so CRLF files count lines like LF files, and a U+2028 inside a JSON string
     splits nothing); a UTF-8 byte-order mark is dropped wherever a line starts with one (``cat`` of files saved by
@@ -57,7 +57,7 @@ def read_lines(path: str, hasher: Any = None) -> Iterator[tuple[int, str | Datas
                 continue
             stripped = text.strip()
             if stripped:
-                yield number, stripped, bom + len(text) - len(text.lstrip())
+                yield number, stripped, len(text) - len(text.lstrip())  # an editor shows no BOM: not a column
 
 
 def json_error_message(e: json.JSONDecodeError, text: str, lead: int) -> str:
