@@ -206,11 +206,12 @@ def validate_row(
 
 @functools.cache
 def _validator_fingerprint() -> str:
-    """Hash of the code that validates and routes rows: changing it invalidates cached validation results."""
+    """Hash of the code that reads, validates and routes rows: changing it invalidates cached validation results."""
     import xxhash
 
     hasher = xxhash.xxh3_128()
-    for module in sorted({validate_row.__module__, env_name_of.__module__, parse_dataset_row.__module__}):
+    functions = (read_lines, validate_row, env_name_of, parse_dataset_row)
+    for module in sorted({f.__module__ for f in functions}):
         hasher.update(Path(sys.modules[module].__file__).read_bytes())
     return hasher.hexdigest()
 

@@ -262,7 +262,8 @@ def main() -> None:
             path, cache = files[n], workdir / f"cache_{n}"
             file_mb = path.stat().st_size / 1e6
             variants = ["before", "cold", "cached"] if n in args.rows else ["cold", "cached"]
-            if n > args.before_max_rows and "before" in variants:
+            if "before" in variants and (n > args.before_max_rows or 5 * path.stat().st_size > _mem_available()):
+                print(f"  {n} rows: 'before' skipped (over --before-max-rows, or ~4.5x the file is not free RAM)")
                 variants.remove("before")
             results: dict[str, list[dict]] = {v: [] for v in variants}
             for r in range(args.rounds):
@@ -286,6 +287,13 @@ def main() -> None:
         print(f"\nload average (1 min) during the run: {_stat(loads)}; uptime: {_uptime()}")
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def _uptime() -> str:
