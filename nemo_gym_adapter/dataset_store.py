@@ -63,7 +63,8 @@ def default_cache_root() -> Path:
 
 
 def content_hash(path: str | os.PathLike) -> str:
-    """xxh3-128 of the file's bytes (~20 GB/s in memory, so the cost is reading the file)."""
+    """xxh3-128 of the file's bytes (~20 GB/s in memory, so the cost is reading the file; xxhash comes with
+    ``datasets``, which requires it)."""
     import xxhash
 
     hasher = xxhash.xxh3_128()
