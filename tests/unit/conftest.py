@@ -1,4 +1,4 @@
-"""Unit-tier fixtures: fake Gym servers (``tests/support/fake_gym.py``) and a fake Gym venv
+"""Unit-tier fixtures: an empty datasets cache per test, fake Gym servers (``tests/support/fake_gym.py``) and a fake Gym venv
 (``tests/support/fake_gym_venv.py``)."""
 
 from __future__ import annotations
@@ -24,3 +24,10 @@ def fake_server() -> Iterator[FakeEnvServer]:
 def fake_gym_venv(tmp_path: Path) -> Path:
     """A directory shaped like the Gym venv: bin/python, bin/gym (the fake Gym), site-packages with nemo_gym/."""
     return make_fake_gym_venv(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def isolated_datasets_cache(tmp_path_factory, monkeypatch):
+    """Every unit test gets an empty ``HF_DATASETS_CACHE``: the Gym dataset's validated-rows cache
+    (:mod:`nemo_gym_adapter.dataset_store`) never reads or fills the user's, and no test hits another's entries."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets")))

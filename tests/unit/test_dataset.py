@@ -1,7 +1,8 @@
 """Unit tests of Gym JSONL loading/validation and the verl ``data.custom_cls`` dataset.
 
 The bad-file corpus ``tests/fixtures/bad_jsonl/`` holds one file per failure, each with exactly one bad line
-(after good ones, sometimes after a blank line); :data:`CORPUS` says which line and what the message must say.
+(after good ones, sometimes after blank lines, some with a byte-order mark, CRLF or no final newline); :data:`CORPUS`
+says which line and what the message must say. The cache behind the loader is tested in ``test_dataset_store.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ CORPUS = {
     "unknown_agent.jsonl": (2, "unknown agent 'weather_agnet' (did you mean 'weather_agent'?)", True),
     "not_utf8.jsonl": (2, "not UTF-8", False),
     "materialized_row.jsonl": (2, "materialized task rows (task_id + task_input", False),
+    # what editors write: line numbers count CRLF and blank lines; columns count leading blanks, not the BOM
+    "crlf_blank_lines_bad_json.jsonl": (5, "invalid JSON: Expecting ',' delimiter", False),
+    "bom_crlf_missing_params.jsonl": (3, "missing required key 'responses_create_params'", False),
+    "no_final_newline_bad_row.jsonl": (3, "responses_create_params.input is an empty string", False),
+    "bom_bad_json_column.jsonl": (1, "invalid JSON: Expecting value (column 31)", False),
+    "cr_only_line_ends.jsonl": (1, "bare carriage return: CR-only (classic Mac) line ends?", False),
+    "utf16.jsonl": (1, "the file is UTF-16 LE (byte-order mark ff fe); Gym JSONL must be UTF-8", False),
 }
 
 
@@ -218,3 +226,106 @@ def test_verl_loads_collates_and_wraps_the_dataset(two_env_files):
     assert batch.non_tensor_batch["gym_row"][0]["expected"] == "cold"
     repeated = batch.repeat(repeat_times=2, interleave=True)  # what the trainer does for rollout.n
     assert repeated.non_tensor_batch["gym_env"].tolist()[:2] == ["weather_agent", "weather_agent"]
+
+
+# ----------------------------------------------------------------------------------------------- exact round trip
+# Rows whose types Arrow's schema inference would unify or fill in (ints vs floats vs strings vs null in one field,
+# keys present in one row only, nested JSON strings, exotic number spellings): they must reach Gym exactly as written.
+TRICKY_LINES = [
+    '{"responses_create_params": {"input": "x", "temperature": 1, "top_p": 0.95, "metadata": {"extra_body": '
+    '"{\\"chat_template_kwargs\\": {\\"enable_thinking\\": false}}"}}, "agent_ref": "a", "n": 1, "f": 1.0, '
+    '"big": 1180591620717411303424, "neg0": -0.0, "tiny": 5e-324, "s": "1", "none": null, "t": true, '
+    '"nested": {"x": [[], {}, [null, false, 0]]}, "uni": "é\u2028☕😀", "esc": "tab\\tnl\\n\\u00e9", "nan": NaN}',
+    '{"responses_create_params": {"input": [{"role": "user", "content": "x"}]}, "task_source": "a", "n": "1", '
+    '"f": null, "nested": "flat now"}',
+    '{ "responses_create_params" : { "input" : "\\u00e9" } , "agent_ref":{"name":"a","type":"t"}, "x": 1E2, '
+    '"y": 1.50, "dup": 1, "dup": 2}',
+]
+
+
+def test_rows_round_trip_exactly(tmp_path):
+    import math
+
+    path = tmp_path / "tricky.jsonl"
+    path.write_text("\n".join(TRICKY_LINES) + "\n", encoding="utf-8")
+    rows = load_gym_jsonl(path)
+    expected = [json.loads(line) for line in TRICKY_LINES]
+    # json.dumps tells 1 from 1.0 from true and keeps key order; == alone would not (1 == 1.0 == True)
+    assert [json.dumps(r.data) for r in rows] == [json.dumps(e) for e in expected]
+    assert [rows.store.record(i).text for i in range(3)] == TRICKY_LINES  # the stored text is the line itself
+    first = rows[0].data
+    assert type(first["n"]) is int and type(first["f"]) is float and first["big"] == 2**70 and math.isnan(first["nan"])
+    assert rows[1].data["n"] == "1" and "big" not in rows[1].data and rows[2].data["dup"] == 2
+
+
+def test_dataset_items_carry_rows_exactly_through_verls_collate(tmp_path):
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from nemo_gym_adapter.dataset import GymJsonlDataset
+
+    path = tmp_path / "tricky.jsonl"
+    path.write_text("\n".join(TRICKY_LINES) + "\n", encoding="utf-8")
+    ds = GymJsonlDataset([str(path)], None, _config())
+    batch = DataProto.from_single_dict(collate_fn([ds[i] for i in range(len(ds))]))
+    got = [json.dumps(r) for r in batch.non_tensor_batch["gym_row"]]
+    assert got == [json.dumps(json.loads(line)) for line in TRICKY_LINES]
+
+
+# ----------------------------------------------------------------------------------------------- GymRows
+def test_gym_rows_index_slice_select_and_iterate_alike(tmp_path):
+    path = _write(tmp_path / "d.jsonl", [_row(f"agent_{i % 3}", i=i) for i in range(10)])
+    rows = load_gym_jsonl(path)
+    assert [r.data["i"] for r in rows] == list(range(10))  # batched iteration
+    assert [rows[i].data["i"] for i in range(-10, 0)] == list(range(10))  # negative indices
+    assert [r.data["i"] for r in rows[7:2:-2]] == [7, 5, 3]
+    picked = rows.select([9, 0, 4])
+    assert [r.where for r in picked] == [f"{path}:10", f"{path}:1", f"{path}:5"]
+    assert [r.data["i"] for r in picked.select([2, 0])] == [4, 9]  # a selection of a selection
+    assert [r.data["i"] for r in picked] == [9, 0, 4]
+    assert picked.env_counts == {"agent_0": 2, "agent_1": 1} and rows.env_counts["agent_0"] == 4
+    with pytest.raises(IndexError):
+        rows[10]
+
+
+def test_max_samples_picks_the_rows_verls_own_dataset_picks(tmp_path):
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from nemo_gym_adapter.dataset import GymJsonlDataset
+
+    path = _write(tmp_path / "d.jsonl", [_row("a", i=i) for i in range(50)])
+    config = OmegaConf.create({"shuffle": True, "seed": 7})
+    ds = GymJsonlDataset(str(path), None, config, max_samples=5)
+    expected = np.random.default_rng(7).choice(50, size=5, replace=False).tolist()  # RLHFDataset's selection
+    assert [ds[i]["gym_row"]["i"] for i in range(5)] == expected
+    assert [ds[i]["extra_info"]["source"] for i in range(5)] == [f"{path}:{n + 1}" for n in expected]
+
+
+def test_verls_sampler_and_resumable_dataloader_with_workers_see_every_row_once(tmp_path):
+    """verl's RandomSampler + StatefulDataLoader (2 forked workers): an epoch split by a checkpoint and a resume."""
+    from omegaconf import OmegaConf
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.trainer.ppo.utils import create_rl_sampler
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from nemo_gym_adapter.dataset import GymJsonlDataset
+
+    path = _write(tmp_path / "d.jsonl", [_row("a", i=i) for i in range(12)])
+    config = OmegaConf.create({"shuffle": True, "seed": 3})
+
+    def loader():
+        ds = GymJsonlDataset(str(path), None, config)
+        return StatefulDataLoader(
+            ds, batch_size=3, sampler=create_rl_sampler(config, ds), collate_fn=collate_fn, num_workers=2
+        )
+
+    first = loader()
+    it = iter(first)
+    seen = [r["i"] for _ in range(2) for r in next(it)["gym_row"]]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    seen += [r["i"] for batch in resumed for r in batch["gym_row"]]
+    assert sorted(seen) == list(range(12)) and seen != list(range(12))  # all rows once, shuffled
