@@ -71,6 +71,9 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         self.gym: Any = None
         self.client: Any = None
         self.replicas: dict[str, str] = {}  # "ip:port" -> server actor name
+        self.replica_endpoints: list[Any] = []  # addresses.ReplicaEndpoint per replica, in verl's order
+        self.patch_reports: list[Any] = []  # vllm_patch.PatchReport per replica actor
+        self.gym_host: Any = None  # addresses.HostChoice of a Gym we start
         self.served_model_name: str | None = None
         self.max_model_len: int | None = self.recipe.max_model_len
         self.pad_token_id: int = 0
@@ -115,6 +118,7 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         keeps its balancer handle private, so without one we fall back to the actors' own addresses. Handles are
         found by verl's actor names (``vllm_server_{replica}_{node}``, how verl's ServerAdapter finds them too).
         """
+        from nemo_gym_adapter.addresses import check_replica_endpoints, replica_endpoints
         from nemo_gym_adapter.vllm_patch import find_vllm_server_actors
 
         balancer = getattr(self.llm_client, "_load_balancer", None)
@@ -122,22 +126,18 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         actors = find_vllm_server_actors()
         if not actors:
             raise ServerError("no vLLM server actors (vllm_server_*) in this Ray namespace: were the replicas started?")
-        by_address: dict[str, str] = {}
-        for name, handle in actors.items():
-            try:
-                host, port = ray.get(handle.get_server_address.remote(), timeout=60)
-            except Exception as e:  # a non-zero node rank of a multi-node replica serves no HTTP
-                logger.info("server actor %s has no HTTP address (%s); not a replica entry point", name, e)
-                continue
-            by_address[f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"] = name
+        by_address = {ep.address: ep for ep in replica_endpoints(actors)}
         addresses = wanted if wanted is not None else sorted(by_address)
         unknown = [a for a in addresses if a not in by_address]
         if unknown or not addresses:
             raise ServerError(
-                f"verl's load balancer lists replicas {addresses} but the server actors serve {by_address}: "
-                f"no actor for {unknown or 'any replica'}"
+                f"verl's load balancer lists replicas {addresses} but the server actors serve "
+                f"{ {a: ep.actor for a, ep in by_address.items()} }: no actor for {unknown or 'any replica'}"
             )
-        self.replicas = {a: by_address[a] for a in addresses}
+        self.replica_endpoints = [by_address[a] for a in addresses]
+        for warning in check_replica_endpoints(self.replica_endpoints, ray.util.get_node_ip_address()):
+            logger.warning("vLLM replica address: %s", warning)
+        self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
         return {name: actors[name] for name in self.replicas.values()}
 
     def _patch(self, handles: Mapping[str, Any]) -> None:
@@ -150,8 +150,14 @@ class NemoGymAgentLoopManager(AgentLoopManager):
             if not report.hook:
                 raise ServerError(f"token-ID patch: actor {name} reported no hook ({report})")
             logger.info(
-                "token-ID patch in %s (pid %d): %s, vLLM %s", name, report.pid, report.hook, report.vllm_version
+                "token-ID patch in %s (pid %d on %s): %s, vLLM %s",
+                name,
+                report.pid,
+                report.node_ip,
+                report.hook,
+                report.vllm_version,
             )
+        self.patch_reports = reports
 
     def _read_model_card(self) -> None:
         """Served model name (verl serves the local model path) and the context length vLLM actually uses."""
@@ -187,12 +193,24 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         self._probe_ids = [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
 
     def _start_gym(self) -> None:
+        from nemo_gym_adapter.addresses import check_policy_urls, choose_gym_host
         from nemo_gym_adapter.gym_servers import TRAINING_MODEL_CONFIG, GymLaunchSpec, GymServers
 
         gym = self.recipe.gym
+        urls = [ep.url for ep in self.replica_endpoints]
         if gym.head_url is not None:
+            logger.info(
+                "attaching to Gym at %s (up to %.0fs); it must call +policy_base_url=[%s]",
+                gym.head_url,
+                gym.attach_timeout_s,
+                ",".join(urls),
+            )
             self.gym = GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
+            check_policy_urls(self.gym.global_config().get("policy_base_url"), urls, gym.head_url)
             return
+        node_ip = ray.util.get_node_ip_address()
+        self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
+        logger.info("Gym listens on %s: %s", self.gym_host.host, self.gym_host.reason)
         config_paths = list(gym.config_paths)
         if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
             config_paths.append(TRAINING_MODEL_CONFIG)
@@ -204,11 +222,10 @@ class NemoGymAgentLoopManager(AgentLoopManager):
         spec = GymLaunchSpec.parse(
             {
                 "config_paths": config_paths,
-                "policy_base_url": [f"http://{a}/v1" for a in self.replicas],
+                "policy_base_url": urls,
                 "policy_model_name": self.served_model_name,
                 "policy_api_key": gym.policy_api_key.get_secret_value(),
-                # Gym's servers must be reachable from this node; its own default would be localhost only.
-                "host": gym.host or ray.util.get_node_ip_address(),
+                "host": self.gym_host.host,
                 "config_overrides": gym.config_overrides,
                 "hydra_overrides": gym.hydra_overrides,
                 "env": gym.env,
