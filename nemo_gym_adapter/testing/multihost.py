@@ -10,7 +10,8 @@ A namespace reaches only the bridge's subnet and its own loopback: a server boun
 reachable from another, which is what makes a wrong address fail here as it would on a cluster. Each namespace's
 default route points at host 1, whose kernel does not forward (``ip_forward`` stays as it is, 0 here), so nothing
 leaves the machine. Where namespaces cannot be made (not root, no ``ip``), hosts fall back to the loopback addresses
-127.0.0.1..n in one namespace -- addresses stay distinct but nothing isolates them; ``mode`` and the log say which.
+127.77.0.1..n in one namespace (not 127.0.0.1, which Ray swaps for the machine's address) -- addresses stay distinct
+but nothing isolates them; ``mode`` and the log say which.
 
 Ray: ``ray start --head --block`` on host 1 and ``ray start --block --address`` inside each namespace, every node
 advertising its host address (``--node-ip-address``) with its own temp dir and a custom resource ``host<i>``; a
@@ -50,6 +51,7 @@ from nemo_gym_adapter.procs import free_port, kill_tree
 logger = logging.getLogger(__name__)
 
 SUBNET = "10.77.0"  # host i gets SUBNET.i
+LOOPBACK_SUBNET = "127.77.0"  # the same without namespaces
 NS_LINK = "ngv0"  # the link's name inside every namespace: GLOO_SOCKET_IFNAME for processes there
 _NAME = re.compile(r"^ngv(\d+)(h\d+|br|v\d+)$")  # our namespaces and links; the number is the owner's pid
 
@@ -142,7 +144,7 @@ class HostNetwork:
             if mode == "netns":
                 raise SetupError(f"multi-host bed: network namespaces unavailable: {why_not}")
             logger.warning("multi-host bed: network namespaces unavailable (%s); hosts are loopback addresses", why_not)
-        hosts = [Host(i, f"127.0.0.{i}", None) for i in range(1, n_hosts + 1)]
+        hosts = [Host(i, f"{LOOPBACK_SUBNET}.{i}", None) for i in range(1, n_hosts + 1)]
         logger.info("multi-host bed: mode loopback, hosts %s (one namespace: no isolation)", [h.address for h in hosts])
         return cls(n_hosts, tag, "loopback", hosts)
 
@@ -243,6 +245,7 @@ class MultiHostBed:
         self._seen: dict[str, set[int]] = {}  # host name -> every pid of ours ever seen there
         self._sessions: set[int] = set()
         self._closed = False
+        self.leftovers: Leftovers | None = None  # what close() found
         self._closing = threading.Lock()
         self.timings: dict[str, float] = {}
 
@@ -352,10 +355,10 @@ class MultiHostBed:
     # ------------------------------------------------------------------------------------------------ teardown
     def close(self) -> Leftovers:
         """Stop everything (last started first), remove namespaces and links; return what was found left over after
-        the orderly stop (then killed). Idempotent: later calls return an empty result."""
+        the orderly stop (then killed). Idempotent: later calls return the first call's result."""
         with self._closing:
             if self._closed:
-                return Leftovers()
+                return self.leftovers or Leftovers()
             self._closed = True
         t0 = time.perf_counter()
         try:
@@ -380,6 +383,7 @@ class MultiHostBed:
             found.namespaces, found.links = net.namespaces, net.links
         shutil.rmtree(self.temp_root, ignore_errors=True)
         self.timings["teardown_s"] = time.perf_counter() - t0
+        self.leftovers = found
         level = logging.WARNING if found else logging.INFO
         logger.log(level, "multi-host bed down in %.1fs; leftovers: %s", self.timings["teardown_s"], found or "none")
         return found
@@ -424,9 +428,12 @@ _TEARDOWNS: list[Callable[[], object]] = []
 
 
 def _install_teardown(close: Callable[[], object]) -> None:
-    """Run ``close`` at exit and on SIGTERM/SIGINT (before chaining to the previous handler: ``procs`` re-raises the
-    signal after stopping its processes, so the bed must go first)."""
+    """Run ``close`` at exit and on SIGTERM/SIGINT, then the handler that was there before (``procs``': it stops any
+    other process it started, then re-raises the signal unless someone else handles it)."""
     if not _TEARDOWNS:
+        from nemo_gym_adapter import procs
+
+        procs._install_handlers()  # theirs first, so ours wraps theirs: the bed goes down first, in its own order
         atexit.register(_run_teardowns)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
