@@ -55,7 +55,7 @@ class GymLaunchSpec(BaseModel):
     policy_base_url: list[str] = Field(min_length=1, description="vLLM replicas: 'host:port' or 'http://host:port/v1'")
     policy_model_name: str = Field(min_length=1)
     policy_api_key: SecretStr = SecretStr("EMPTY")
-    host: str = Field("127.0.0.1", description="Gym's default_host and head host; a node IP when multi-node")
+    host: str = Field("127.0.0.1", description="Gym's default_host and head host (addresses.choose_gym_host)")
     head_port: int | None = Field(None, ge=1, le=65535, description="None: a free port")
     port_range: tuple[int, int] | None = Field(None, description="Gym's port_range_low/high for its servers")
     ray_head_node_address: str | None = Field(None, description="a Ray cluster started with Gym's Python version")
