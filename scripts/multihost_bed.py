@@ -11,7 +11,7 @@ cluster with ``ray.init(address=<ray_address>)`` or ``ray_kwargs.ray_init.addres
 JSON line when ready and one after teardown (``leftovers`` empty when nothing was left on any host; exit status 1
 otherwise). Needs root for namespaces; falls back to loopback addresses 127.77.0.<i> otherwise (``--mode``). Heavy:
 run it under ``flock /work/wt/heavy.lock`` on the shared machine. The library is
-``nemo_gym_adapter.testing.multihost``; ``tests/integration/test_multihost.py`` uses it.
+``nemo_gym_adapter.testing.multihost`` (hosts: ``testing.hostnet``); ``tests/integration/test_multihost.py`` uses it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
 
-    from nemo_gym_adapter.testing.multihost import MultiHostBed, sweep_stale
+    from nemo_gym_adapter.testing.hostnet import sweep_stale
+    from nemo_gym_adapter.testing.multihost import MultiHostBed
 
     if args.command == "sweep":
         print(json.dumps({"removed": sweep_stale(all_owners=args.all)}))

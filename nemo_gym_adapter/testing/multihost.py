@@ -1,24 +1,16 @@
 """A multi-host test bed on one machine: network namespaces as hosts, a real Ray cluster spanning them.
 
-Host 1 is this process's own network namespace (the trainer, the Ray head); hosts 2..n are network namespaces joined
-to it by veth pairs on a bridge, each with its own address (``10.77.0.<i>``; host 1 holds ``.1`` on the bridge)::
-
-    root namespace = host 1 (10.77.0.1 on bridge ngv<pid>br) -- veth -- netns ngv<pid>h2 (10.77.0.2 on "ngv0")
-                                                              \\- veth -- netns ngv<pid>h3 (10.77.0.3 on "ngv0")
-
-A namespace reaches only the bridge's subnet and its own loopback: a server bound to 127.0.0.1 on one host is not
-reachable from another, which is what makes a wrong address fail here as it would on a cluster. Each namespace's
-default route points at host 1, whose kernel does not forward (``ip_forward`` stays as it is, 0 here), so nothing
-leaves the machine. Where namespaces cannot be made (not root, no ``ip``), hosts fall back to the loopback addresses
-127.77.0.1..n in one namespace (not 127.0.0.1, which Ray swaps for the machine's address) -- addresses stay distinct
-but nothing isolates them; ``mode`` and the log say which.
+Hosts (``hostnet``): host 1 is this process's own network namespace (the trainer, the Ray head) at 10.77.0.1 on a
+bridge; hosts 2..n are network namespaces at 10.77.0.<i>, reachable from each other over the bridge only (loopback
+addresses 127.77.0.<i> in one namespace where namespaces cannot be made).
 
 Ray: ``ray start --head --block`` on host 1 and ``ray start --block --address`` inside each namespace, every node
 advertising its host address (``--node-ip-address``) with its own temp dir and a custom resource ``host<i>``; a
 driver joins with ``ray.init(address=bed.ray_address)``. Processes on a host are ``SessionProcess``
 (own session, log file, stopped by pid tree and session). :meth:`MultiHostBed.close` -- also at exit and on SIGTERM
 -- stops every process, kills whatever is still inside a namespace (by pid, ``ip netns pids``), deletes namespaces
-and links, and returns what it found left over (:class:`Leftovers`, empty when clean).
+and links, and returns what it found left over (:class:`Leftovers`, empty when clean); a watchdog process
+(``hostnet.reap``) does the same if this process dies without closing it.
 
     with MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}) as bed:
         ray.init(address=bed.ray_address, runtime_env=...)     # this process: the driver on host 1
@@ -40,182 +32,23 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nemo_gym_adapter import paths
-from nemo_gym_adapter.errors import SetupError
 from nemo_gym_adapter.gym_servers import SessionProcess, session_members
 from nemo_gym_adapter.procs import free_port, kill_tree
+from nemo_gym_adapter.testing.hostnet import (
+    NS_LINK,
+    Host,
+    HostNetwork,
+    Leftovers,
+    namespace_pids,
+    pid_alive,
+    start_reaper,
+)
 
+__all__ = ["Host", "HostNetwork", "Leftovers", "MultiHostBed"]
 logger = logging.getLogger(__name__)
-
-SUBNET = "10.77.0"  # host i gets SUBNET.i
-LOOPBACK_SUBNET = "127.77.0"  # the same without namespaces
-NS_LINK = "ngv0"  # the link's name inside every namespace: GLOO_SOCKET_IFNAME for processes there
-_NAME = re.compile(r"^ngv(\d+)(h\d+|br|v\d+)$")  # our namespaces and links; the number is the owner's pid
-
-
-@dataclass(frozen=True)
-class Host:
-    """One "host" of the bed: its index (1-based), address and network namespace (None: this process's own)."""
-
-    index: int
-    address: str
-    netns: str | None
-
-    @property
-    def name(self) -> str:
-        return f"host{self.index}"
-
-    def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` run on this host (``ip netns exec`` execs it: same pid, so it is stopped by pid like any other)."""
-        return ["ip", "netns", "exec", self.netns, *argv] if self.netns else list(argv)
-
-
-@dataclass
-class Leftovers:
-    """What teardown found still there (each one is killed/removed when found). Empty means clean."""
-
-    pids: dict[str, list[int]] = field(default_factory=dict)  # host name -> live pids of ours on it
-    namespaces: list[str] = field(default_factory=list)
-    links: list[str] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(any(self.pids.values()) or self.namespaces or self.links)
-
-
-def _ip(*args: str, netns: str | None = None, check: bool = True) -> str:
-    cmd = ["ip", "netns", "exec", netns, "ip", *args] if netns else ["ip", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    if check and done.returncode != 0:
-        raise SetupError(f"multi-host bed: `{' '.join(cmd)}` failed: {done.stderr.strip() or done.returncode}")
-    return done.stdout
-
-
-def _our_names() -> tuple[list[str], list[str]]:
-    """Namespaces and links named like ours (any owner)."""
-    namespaces = [line.split()[0] for line in _ip("netns", "list", check=False).splitlines() if line.strip()]
-    links = [m.group(1) for m in re.finditer(r"^\d+: ([^:@\s]+)", _ip("-o", "link", "show", check=False), re.M)]
-    return [n for n in namespaces if _NAME.match(n)], [n for n in links if _NAME.match(n)]
-
-
-def namespace_pids(netns: str) -> list[int]:
-    """Pids of the processes inside ``netns`` (``ip netns pids``)."""
-    return [int(p) for p in _ip("netns", "pids", netns, check=False).split()]
-
-
-def sweep_stale(all_owners: bool = False) -> list[str]:
-    """Remove the namespaces and links of beds whose owner process is gone (every bed with ``all_owners``),
-    killing the processes still inside them (by pid). Returns what was removed."""
-    import psutil
-
-    removed = []
-    namespaces, links = _our_names()
-    for name in namespaces + links:
-        owner = int(_NAME.match(name).group(1))
-        if owner == os.getpid() or (psutil.pid_exists(owner) and not all_owners):
-            continue
-        if name in namespaces:
-            kill_tree(namespace_pids(name), timeout=5)
-            _ip("netns", "del", name, check=False)
-        else:
-            _ip("link", "del", name, check=False)
-        removed.append(name)
-    return removed
-
-
-class HostNetwork:
-    """The hosts and the links between them (see the module docstring)."""
-
-    def __init__(self, n_hosts: int, tag: str, mode: str, hosts: list[Host]) -> None:
-        self.n_hosts, self.tag, self.mode, self.hosts = n_hosts, tag, mode, hosts
-
-    @classmethod
-    def create(cls, n_hosts: int = 3, mode: str = "auto") -> HostNetwork:
-        """``mode``: ``netns``, ``loopback`` or ``auto`` (namespaces when they can be made)."""
-        if not 2 <= n_hosts <= 9:
-            raise SetupError(f"multi-host bed: {n_hosts} hosts; 2..9 supported")
-        tag = f"ngv{os.getpid()}"
-        if mode in ("auto", "netns"):
-            why_not = _netns_unavailable()
-            if why_not is None:
-                return cls._create_netns(n_hosts, tag)
-            if mode == "netns":
-                raise SetupError(f"multi-host bed: network namespaces unavailable: {why_not}")
-            logger.warning("multi-host bed: network namespaces unavailable (%s); hosts are loopback addresses", why_not)
-        hosts = [Host(i, f"{LOOPBACK_SUBNET}.{i}", None) for i in range(1, n_hosts + 1)]
-        logger.info("multi-host bed: mode loopback, hosts %s (one namespace: no isolation)", [h.address for h in hosts])
-        return cls(n_hosts, tag, "loopback", hosts)
-
-    @classmethod
-    def _create_netns(cls, n_hosts: int, tag: str) -> HostNetwork:
-        removed = sweep_stale()
-        if removed:
-            logger.warning("multi-host bed: removed a dead bed's leftovers: %s", removed)
-        if f"inet {SUBNET}.1/" in _ip("-o", "addr", "show", check=False):
-            raise SetupError(f"multi-host bed: {SUBNET}.1 is already on a link here (another live bed?)")
-        net = cls(n_hosts, tag, "netns", [Host(1, f"{SUBNET}.1", None)])
-        try:
-            bridge = f"{tag}br"
-            _ip("link", "add", bridge, "type", "bridge")
-            _ip("addr", "add", f"{SUBNET}.1/24", "dev", bridge)
-            _ip("link", "set", bridge, "up")
-            for i in range(2, n_hosts + 1):
-                ns, outer, inner = f"{tag}h{i}", f"{tag}v{i}", f"{tag}p{i}"
-                _ip("netns", "add", ns)
-                net.hosts.append(Host(i, f"{SUBNET}.{i}", ns))
-                _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-                _ip("link", "set", inner, "netns", ns)
-                _ip("link", "set", outer, "master", bridge)
-                _ip("link", "set", outer, "up")
-                _ip("link", "set", "lo", "up", netns=ns)
-                _ip("link", "set", inner, "name", NS_LINK, netns=ns)
-                _ip("addr", "add", f"{SUBNET}.{i}/24", "dev", NS_LINK, netns=ns)
-                _ip("link", "set", NS_LINK, "up", netns=ns)
-                # Address discovery (Ray, vLLM, gloo) asks the kernel for a route to a public address.
-                _ip("route", "add", "default", "via", f"{SUBNET}.1", netns=ns)
-        except BaseException:
-            net.destroy()
-            raise
-        logger.info("multi-host bed: mode netns, hosts %s", [(h.address, h.netns or "root") for h in net.hosts])
-        return net
-
-    def destroy(self) -> Leftovers:
-        """Kill what is still inside each namespace (reported), delete namespaces and links, verify they are gone."""
-        found = Leftovers()
-        if self.mode != "netns":
-            return found
-        for host in self.hosts[1:]:
-            inside = namespace_pids(host.netns)
-            if inside:
-                found.pids[host.name] = inside
-                kill_tree(inside, timeout=5)
-            # Deleting one end deletes the pair; a namespace's deletion alone may leave our end behind (seen here).
-            _ip("link", "del", f"{self.tag}v{host.index}", check=False)
-            _ip("netns", "del", host.netns, check=False)
-        _ip("link", "del", f"{self.tag}br", check=False)
-        deadline = time.monotonic() + 5  # link removal can trail the command by a moment
-        while True:
-            namespaces, links = (list(filter(lambda n: n.startswith(self.tag), names)) for names in _our_names())
-            if not (namespaces or links) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        found.namespaces, found.links = namespaces, links
-        return found
-
-
-def _netns_unavailable() -> str | None:
-    if shutil.which("ip") is None:
-        return "no `ip` command (iproute2)"
-    if os.geteuid() != 0:
-        return "not root"
-    probe = f"ngv{os.getpid()}h0"
-    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        return done.stderr.strip() or f"`ip netns add` exited {done.returncode}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
-    return None
 
 
 class MultiHostBed:
@@ -243,7 +76,7 @@ class MultiHostBed:
         self.temp_root = Path(tempfile.gettempdir()) / f"ngv{os.getpid()}"  # Ray temp dirs (removed at close)
         self._procs: list[tuple[Host, SessionProcess]] = []  # in start order
         self._seen: dict[str, set[int]] = {}  # host name -> every pid of ours ever seen there
-        self._sessions: set[int] = set()
+        self._reaper: subprocess.Popen | None = None  # tears the bed down if this process dies without close()
         self._closed = False
         self.leftovers: Leftovers | None = None  # what close() found
         self._closing = threading.Lock()
@@ -265,6 +98,7 @@ class MultiHostBed:
         t0 = time.perf_counter()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._reaper = start_reaper(self.temp_root, self.run_dir / "reaper.log")
             self.network = HostNetwork.create(self.n_hosts, self.mode_wanted)
             t1 = time.perf_counter()
             head = self.hosts[0]
@@ -330,7 +164,6 @@ class MultiHostBed:
             cwd=cwd,
         )
         self._procs.append((host, proc))
-        self._sessions.add(proc.pid)
         self._seen.setdefault(host.name, set()).add(proc.pid)
         return proc
 
@@ -338,7 +171,7 @@ class MultiHostBed:
         """Live pids of ours on ``host``: what the bed started there, their descendants and session members (plus,
         in a namespace, anything inside it)."""
         self._remember()
-        pids = {p for p in self._seen.get(host.name, set()) if _alive(p)}
+        pids = {p for p in self._seen.get(host.name, set()) if pid_alive(p)}
         if host.netns:
             pids.update(namespace_pids(host.netns))
         return pids
@@ -371,8 +204,11 @@ class MultiHostBed:
             except Exception:
                 logger.exception("multi-host bed: stopping %s failed", proc.name)
         found = Leftovers()
-        for host_name, pids in self._seen.items():
-            alive = sorted(p for p in pids | _session_pids(self._sessions) if _alive(p))
+        by_host = {name: set(pids) for name, pids in self._seen.items()}
+        for host, proc in self._procs:
+            by_host[host.name].update(session_members(proc.pid))
+        for host_name, pids in by_host.items():
+            alive = sorted(p for p in pids if pid_alive(p))
             if alive:
                 found.pids[host_name] = alive
                 kill_tree(alive, timeout=5)
@@ -382,6 +218,9 @@ class MultiHostBed:
                 found.pids[name] = sorted(set(found.pids.get(name, [])) | set(pids))
             found.namespaces, found.links = net.namespaces, net.links
         shutil.rmtree(self.temp_root, ignore_errors=True)
+        if self._reaper is not None:
+            self._reaper.terminate()
+            self._reaper.wait(timeout=10)
         self.timings["teardown_s"] = time.perf_counter() - t0
         self.leftovers = found
         level = logging.WARNING if found else logging.INFO
@@ -393,19 +232,6 @@ class MultiHostBed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _session_pids(sessions: set[int]) -> set[int]:
-    return {p for sid in sessions for p in session_members(sid)}
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _venv_bin() -> str:

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -55,6 +56,26 @@ def test_script_up_then_sigterm_leaves_nothing_on_any_host(tmp_path):
     tag = f"ngv{proc.pid}"
     assert tag not in _links()
     print(f"bed up {up['setup_s']:.1f}s (network {up['network_s']:.2f}s), down {down['teardown_s']:.1f}s")
+
+
+def test_owner_killed_outright_its_reaper_leaves_nothing_on_any_host(tmp_path):
+    """SIGKILL (or a SIGTERM that aborts inside Ray once ``ray.init`` replaced the handlers): no close() runs."""
+    with open(tmp_path / "bed.err", "wb") as err:
+        proc = subprocess.Popen([sys.executable, str(SCRIPT), "up", "--hosts", "3"], stdout=subprocess.PIPE, stderr=err)
+    try:
+        up = json.loads(proc.stdout.readline() or b"{}")
+        assert up.get("ray_address"), (tmp_path / "bed.err").read_text()[-3000:]
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    pids = [p for host_pids in up["pids"].values() for p in host_pids]
+    namespaces = [h["netns"] for h in up["hosts"] if h["netns"]]
+    reaper_log = Path(up["run_dir"]) / "reaper.log"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and "died without closing its bed" not in reaper_log.read_text():
+        time.sleep(0.5)
+    assert not [p for p in pids if _alive(p)]
+    assert not [n for n in namespaces if n in _netns()] and f"ngv{proc.pid}" not in _links()
 
 
 def test_failed_start_tears_down_what_it_built():

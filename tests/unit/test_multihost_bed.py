@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nemo_gym_adapter.testing.multihost import _NAME, Host, Leftovers
+from nemo_gym_adapter.testing.hostnet import _NAME, Host, Leftovers
 
 
 def test_a_host_in_a_namespace_runs_commands_through_ip_netns_exec():
