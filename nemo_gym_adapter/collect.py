@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 gym = start_gym(args, stack, gym_root)
             routes = gym.routes()
             setup_s = time.monotonic() - t0
-            rows = []
+            rows: list[Any] = []
             for path, default in row_files(args, gym_root):
                 rows += load_gym_jsonl([path], task_source_map=routes.task_sources, default_agent=default)
             rows = rows[: args.limit] * args.repeats

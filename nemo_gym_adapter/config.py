@@ -12,7 +12,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       add_training_model_config: true   # append Gym's vllm_model_for_training.yaml (token ids on every model call)
       config_overrides: {}           # merged into Gym's config last, e.g. {<agent>: {responses_api_agents: ...}}
       hydra_overrides: []            # raw `gym env start` overrides
-      host: null                     # Gym's bind host; null: this node's IP (ray.util.get_node_ip_address())
+      host: null                     # a started Gym's bind host; null: 127.0.0.1 (only this host calls it)
       head_port: null                # null: a free port
       gym_venv: null                 # null: paths.gym_venv() (NGV_GYM_VENV)
       run_dir: null                  # Gym's logs and pid file; null: logs/gym/<time>-<port>

@@ -212,7 +212,9 @@ def _validator_fingerprint() -> str:
     hasher = xxhash.xxh3_128()
     functions = (read_lines, validate_row, env_name_of, parse_dataset_row)
     for module in sorted({f.__module__ for f in functions}):
-        hasher.update(Path(sys.modules[module].__file__).read_bytes())
+        source = sys.modules[module].__file__
+        if source is not None:
+            hasher.update(Path(source).read_bytes())
     return hasher.hexdigest()
 
 
@@ -310,12 +312,13 @@ def load_gym_jsonl(
     files = _as_path_list(paths)
     if not files:
         raise DatasetError("no dataset files given")
-    checks = {
-        "known_agents": frozenset(known_agents) if known_agents is not None else None,
+    known = frozenset(known_agents) if known_agents is not None else None
+    checks: dict[str, Any] = {
+        "known_agents": known,
         "task_source_map": dict(task_source_map) if task_source_map else None,
         "default_agent": default_agent,
     }
-    settings = {**checks, "known_agents": sorted(checks["known_agents"]) if known_agents is not None else None}
+    settings = {**checks, "known_agents": sorted(known) if known is not None else None}
     root = Path(cache_dir).expanduser() if cache_dir else dataset_store.default_cache_root()
     try:
         hashes: list[str] | None = [dataset_store.content_hash(p) for p in files]

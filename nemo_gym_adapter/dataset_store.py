@@ -129,8 +129,11 @@ class EntryBuilder:
         self.abort()  # no-op after commit
 
     def add(self, text: str, env: str, file: int, line: int) -> None:
-        for column, value in zip(self._batch, (text, env, file, line), strict=True):
-            column.append(value)
+        texts, envs, files, lines = self._batch
+        texts.append(text)
+        envs.append(env)
+        files.append(file)
+        lines.append(line)
         self._batch_bytes += len(text)
         if self._batch_bytes >= _BATCH_BYTES or len(self._batch[0]) >= _BATCH_MAX_ROWS:
             self._flush()

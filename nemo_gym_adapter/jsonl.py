@@ -43,10 +43,10 @@ def read_lines(path: str, hasher: Any = None) -> Iterator[tuple[int, str | Datas
             if hasher is not None:
                 hasher.update(raw)
             if number == 1:
-                for bom, encoding in _FOREIGN_BOMS:
-                    if raw.startswith(bom):
+                for foreign, encoding in _FOREIGN_BOMS:
+                    if raw.startswith(foreign):
                         raise DatasetError(
-                            f"{path}:1: the file is {encoding} (byte-order mark {bom.hex(' ')}); Gym JSONL must be "
+                            f"{path}:1: the file is {encoding} (byte-order mark {foreign.hex(' ')}); Gym JSONL must be "
                             "UTF-8: re-save it as UTF-8"
                         )
             bom = 1 if raw.startswith(_UTF8_BOM) else 0

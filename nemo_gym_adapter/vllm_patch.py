@@ -37,6 +37,7 @@ class PatchReport:
     already_patched: bool
     pid: int
     actor: str | None = None
+    node_ip: str | None = None  # the Ray node's IP when applied inside an actor
 
 
 def apply_patch() -> PatchReport:
@@ -84,7 +85,7 @@ def _patch_inside_actor(actor_self: Any) -> PatchReport:
         name = ray.get_runtime_context().get_actor_name()
     except Exception:  # older Ray, or not in an actor: the report is still useful without a name
         pass
-    return replace(report, actor=name or type(actor_self).__name__)
+    return replace(report, actor=name or type(actor_self).__name__, node_ip=ray.util.get_node_ip_address())
 
 
 def apply_patch_to_actors(

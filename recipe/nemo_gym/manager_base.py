@@ -32,15 +32,23 @@ from typing import Any
 import ray
 from verl.utils.ray_utils import auto_await
 
+from nemo_gym_adapter.addresses import (
+    HostChoice,
+    ReplicaEndpoint,
+    check_policy_urls,
+    check_replica_endpoints,
+    choose_gym_host,
+    replica_endpoints,
+)
 from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
 from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.policy import PROBE_TEXT, base_url, effective_max_model_len, probe_logprob, read_model_card
+from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
 from nemo_gym_adapter.rollout_client import RolloutClientConfig
 from nemo_gym_adapter.rollout_core import RolloutCore
 from nemo_gym_adapter.trajectory import TrajectoryConfig
-from nemo_gym_adapter.vllm_patch import apply_patch_to_actors, find_vllm_server_actors
+from nemo_gym_adapter.vllm_patch import PatchReport, apply_patch_to_actors, find_vllm_server_actors
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +80,9 @@ class GymManagerBase:
         self.gym: GymServers | None = None
         self.core: RolloutCore | None = None
         self.replicas: dict[str, str] = {}  # "ip:port" -> server actor name
+        self.replica_endpoints: list[ReplicaEndpoint] = []  # per replica, in verl's order
+        self.patch_reports: list[PatchReport] = []  # per replica actor
+        self.gym_host: HostChoice | None = None  # where a Gym we start listens, and why
         self.served_model_name: str | None = None
         self.max_model_len: int | None = self.recipe.max_model_len
         self.pad_token_id = 0
@@ -96,9 +107,10 @@ class GymManagerBase:
     def start(self) -> None:
         """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
         t0 = time.perf_counter()
-        self.replicas, handles = find_replicas(self.llm_client)
+        self.replica_endpoints, handles = find_replicas(self.llm_client)
+        self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
         if self.recipe.gym.patch_vllm:
-            patch_replicas(handles)
+            self.patch_reports = patch_replicas(handles)
         t1 = time.perf_counter()
         card = read_model_card(self.replicas)
         self.served_model_name = card.name
@@ -118,9 +130,21 @@ class GymManagerBase:
 
     def _start_gym(self, model_name: str) -> GymServers:
         gym = self.recipe.gym
+        urls = [ep.url for ep in self.replica_endpoints]
         if gym.head_url is not None:
-            return GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
-        started = GymServers.start(gym_launch_spec(gym, list(self.replicas), model_name))
+            logger.info(
+                "attaching to Gym at %s (up to %.0fs); it must call +policy_base_url=[%s]",
+                gym.head_url,
+                gym.attach_timeout_s,
+                ",".join(urls),
+            )
+            attached = GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
+            check_policy_urls(attached.global_config().get("policy_base_url"), urls, gym.head_url)
+            return attached
+        node_ip = ray.util.get_node_ip_address()
+        self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
+        logger.info("Gym listens on %s: %s", self.gym_host.host, self.gym_host.reason)
+        started = GymServers.start(gym_launch_spec(gym, urls, model_name, host=self.gym_host.host))
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
         return started
@@ -178,8 +202,8 @@ def tokenizer_ids(model_config: Any, model_path: str) -> tuple[int, list[int]]:
     return int(pad), [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
 
 
-def find_replicas(llm_client: Any) -> tuple[dict[str, str], dict[str, Any]]:
-    """``({"ip:port": actor name}, {actor name: handle})`` of the rollout servers behind ``llm_client``.
+def find_replicas(llm_client: Any) -> tuple[list[ReplicaEndpoint], dict[str, Any]]:
+    """``([endpoint per replica], {actor name: handle})`` of the rollout servers behind ``llm_client``.
 
     Addresses come from verl's load balancer (what the trainer's own agent loop routes to). ``LLMServerClient``
     keeps its balancer handle private, so without one we fall back to the actors' own addresses. Handles are found
@@ -190,26 +214,22 @@ def find_replicas(llm_client: Any) -> tuple[dict[str, str], dict[str, Any]]:
     actors = find_vllm_server_actors()
     if not actors:
         raise ServerError("no vLLM server actors (vllm_server_*) in this Ray namespace: were the replicas started?")
-    by_address: dict[str, str] = {}
-    for name, handle in actors.items():
-        try:
-            host, port = ray.get(handle.get_server_address.remote(), timeout=60)
-        except Exception as e:  # a non-zero node rank of a multi-node replica serves no HTTP
-            logger.info("server actor %s has no HTTP address (%s); not a replica entry point", name, e)
-            continue
-        by_address[f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"] = name
+    by_address = {ep.address: ep for ep in replica_endpoints(actors)}
     addresses = wanted if wanted is not None else sorted(by_address)
     unknown = [a for a in addresses if a not in by_address]
     if unknown or not addresses:
         raise ServerError(
-            f"verl's load balancer lists replicas {addresses} but the server actors serve {by_address}: "
-            f"no actor for {unknown or 'any replica'}"
+            f"verl's load balancer lists replicas {addresses} but the server actors serve "
+            f"{ {a: ep.actor for a, ep in by_address.items()} }: no actor for {unknown or 'any replica'}"
         )
-    replicas = {a: by_address[a] for a in addresses}
-    return replicas, {name: actors[name] for name in replicas.values()}
+    endpoints = [by_address[a] for a in addresses]
+    # Each replica must advertise its own node's address: Gym (maybe on another host) calls exactly these.
+    for warning in check_replica_endpoints(endpoints, ray.util.get_node_ip_address()):
+        logger.warning("vLLM replica address: %s", warning)
+    return endpoints, {ep.actor: actors[ep.actor] for ep in endpoints}
 
 
-def patch_replicas(handles: Mapping[str, Any]) -> None:
+def patch_replicas(handles: Mapping[str, Any]) -> list[PatchReport]:
     """The token-ID patch inside every server actor; a missing or hook-less report is a ``ServerError``."""
     reports = apply_patch_to_actors(handles)  # raises ServerError naming the failing actor
     if len(reports) != len(handles):
@@ -217,11 +237,20 @@ def patch_replicas(handles: Mapping[str, Any]) -> None:
     for name, report in zip(handles, reports, strict=True):
         if not report.hook:
             raise ServerError(f"token-ID patch: actor {name} reported no hook ({report})")
-        logger.info("token-ID patch in %s (pid %d): %s, vLLM %s", name, report.pid, report.hook, report.vllm_version)
+        logger.info(
+            "token-ID patch in %s (pid %d on %s): %s, vLLM %s",
+            name,
+            report.pid,
+            report.node_ip,
+            report.hook,
+            report.vllm_version,
+        )
+    return reports
 
 
-def gym_launch_spec(gym: NemoGymConfig, addresses: list[str], model_name: str) -> GymLaunchSpec:
-    """The Gym to start for the ``nemo_gym:`` section, with the replicas at ``addresses`` as its policy."""
+def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, host: str) -> GymLaunchSpec:
+    """The Gym to start for the ``nemo_gym:`` section, listening on ``host`` (``addresses.choose_gym_host``), with
+    the replicas at ``urls`` (``http://ip:port/v1``) as its policy."""
     config_paths = list(gym.config_paths)
     if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
         config_paths.append(TRAINING_MODEL_CONFIG)
@@ -229,11 +258,10 @@ def gym_launch_spec(gym: NemoGymConfig, addresses: list[str], model_name: str) -
     return GymLaunchSpec.parse(
         {
             "config_paths": config_paths,
-            "policy_base_url": [base_url(a) for a in addresses],
+            "policy_base_url": urls,
             "policy_model_name": model_name,
             "policy_api_key": gym.policy_api_key.get_secret_value(),
-            # Gym's servers must be reachable from this node; its own default would be localhost only.
-            "host": gym.host or ray.util.get_node_ip_address(),
+            "host": host,
             "config_overrides": gym.config_overrides,
             "hydra_overrides": gym.hydra_overrides,
             "env": gym.env,

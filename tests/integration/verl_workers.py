@@ -30,10 +30,16 @@ class ActorWorkers:
 
 
 def spawn_cpu_actor_workers(
-    config: Any, pool_name: str = "global_pool", worker_env: dict[str, str] | None = None
+    config: Any,
+    pool_name: str = "global_pool",
+    worker_env: dict[str, str] | None = None,
+    process_on_nodes: list[int] | None = None,
+    init_model: bool = True,
 ) -> ActorWorkers:
-    """Spawn one ``CpuActorRolloutRefWorker`` through verl's resource pool / colocated-worker machinery and run
-    ``init_model``. ``config`` is the whole trainer config; ``worker_env`` is verl's per-worker environment."""
+    """Spawn ``CpuActorRolloutRefWorker`` ranks (one by default; ``process_on_nodes`` = ranks per node, verl's
+    resource-pool spec) through verl's resource pool / colocated-worker machinery and run ``init_model`` (unless
+    ``init_model=False``: the rollout replicas only need the ranks' placement). ``config`` is the whole trainer
+    config; ``worker_env`` is verl's per-worker environment."""
     import ray
     from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
     from verl.single_controller.ray.base import create_colocated_worker_cls
@@ -42,7 +48,7 @@ def spawn_cpu_actor_workers(
     from recipe.nemo_gym.cpu import platform as cpu_platform
 
     role = Role.ActorRollout
-    pools = ResourcePoolManager(resource_pool_spec={pool_name: [1]}, mapping={role: pool_name})
+    pools = ResourcePoolManager(resource_pool_spec={pool_name: process_on_nodes or [1]}, mapping={role: pool_name})
     pools.create_resource_pool()
     worker_cls = RayClassWithInitArgs(
         cls=ray.remote(cpu_platform.CpuActorRolloutRefWorker),
@@ -58,7 +64,8 @@ def spawn_cpu_actor_workers(
         **kwargs,
     )
     actor_wg = group.spawn(prefix_set={str(role)})[str(role)]
-    actor_wg.init_model()
+    if init_model:
+        actor_wg.init_model()
     return ActorWorkers(actor_wg=actor_wg, group=group, pools=pools, role=role)
 
 

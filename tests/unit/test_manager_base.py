@@ -57,7 +57,7 @@ class FakeGym:
 def test_launch_spec_points_gym_at_the_replicas_with_the_training_model_config(cfg):
     cfg["nemo_gym"].update(host="10.0.0.2", head_port=12000, config_overrides={"x": {"y": 1}})
     gym = load_config(cfg, check_files=False).gym
-    spec = gym_launch_spec(gym, ["10.0.0.1:8000", "10.0.0.1:8001"], "/models/qwen")
+    spec = gym_launch_spec(gym, ["http://10.0.0.1:8000/v1", "10.0.0.1:8001"], "/models/qwen", host="10.0.0.2")
     assert spec.config_paths == [GYM_CONFIG, TRAINING_MODEL_CONFIG]
     assert spec.policy_base_url == ["http://10.0.0.1:8000/v1", "http://10.0.0.1:8001/v1"]
     assert (spec.policy_model_name, spec.host, spec.head_port) == ("/models/qwen", "10.0.0.2", 12000)
