@@ -48,10 +48,12 @@ from typing import Any
 
 from nemo_gym_adapter.errors import AdapterError, ServerError, SetupError, TokenAlignmentError
 from nemo_gym_adapter.splice import (
+    ASSISTANT_EDITS,
     TurnTemplate,
     last_tokenized_assistant,
     messages_through,
     splice_prompt,
+    turn_history,
     turn_template_from_tokenizer,
 )
 from nemo_gym_adapter.vllm_prefix_render import fast_prefix_ids
@@ -62,6 +64,8 @@ REQUIRED_PREFIX_KEY = "required_prefix_token_ids"  # Gym's prefix-supply extensi
 _BUDGET_FIELDS = ("max_completion_tokens", "max_tokens")  # vLLM reads the first one that is set
 _SENTINEL = "__ngv_original__"  # attribute on the installed wrapper, pointing at the original method
 _LOCK = threading.Lock()
+# Process-wide splice options (the patch itself is process-wide): set by apply_patch, read per request.
+_OPTIONS = {"assistant_edits": "keep_ids"}
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ class PatchReport:
     already_patched: bool
     pid: int
     actor: str | None = None
+    assistant_edits: str = "keep_ids"
 
 
 class ContextLengthExceeded(AdapterError, ValueError):
@@ -119,12 +124,17 @@ def hook_target_for(version: str) -> HookTarget:
     )
 
 
-def apply_patch() -> PatchReport:
+def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
     """Install the splice on this process's vLLM; idempotent (a second call reports ``already_patched``).
 
-    Raises ``SetupError`` for an unsupported vLLM version or when the hook is missing from that version.
+    ``assistant_edits`` (``nemo_gym.assistant_edits``): what a tokenized assistant message whose text was changed
+    while its ids were kept gets: ``keep_ids`` (its ids win) or ``refuse`` (HTTP 400); set on every call.
+    Raises ``SetupError`` for an unsupported vLLM version, a missing hook or an unknown option.
     """
     import vllm
+
+    if assistant_edits not in ASSISTANT_EDITS:
+        raise SetupError(f"assistant_edits must be one of {ASSISTANT_EDITS}, got {assistant_edits!r}")
 
     version = getattr(vllm, "__version__", "unknown")
     target = hook_target_for(version)
@@ -141,7 +151,8 @@ def apply_patch() -> PatchReport:
         if not already:
             setattr(cls, method_name, _make_wrapper(current))
             logger.info("nemo-gym-verl token-ID patch installed on %s (vLLM %s)", target.dotted, version)
-    return PatchReport(vllm_version=version, hook=target.dotted, already_patched=already, pid=os.getpid())
+        _OPTIONS["assistant_edits"] = assistant_edits
+    return PatchReport(version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits)
 
 
 def is_patched() -> bool:
@@ -157,11 +168,11 @@ def is_patched() -> bool:
 # ------------------------------------------------------------------------------------------------------ Ray actors
 
 
-def _patch_inside_actor(actor_self: Any) -> PatchReport:
+def _patch_inside_actor(actor_self: Any, assistant_edits: str = "keep_ids") -> PatchReport:
     """Runs inside a live actor via ``__ray_call__`` (``actor_self`` is the actor instance)."""
     import ray
 
-    report = apply_patch()
+    report = apply_patch(assistant_edits)
     name = None
     try:
         name = ray.get_runtime_context().get_actor_name()
@@ -171,10 +182,11 @@ def _patch_inside_actor(actor_self: Any) -> PatchReport:
 
 
 def apply_patch_to_actors(
-    actor_handles: Iterable[Any] | Mapping[str, Any], timeout: float = 120.0
+    actor_handles: Iterable[Any] | Mapping[str, Any], timeout: float = 120.0, *, assistant_edits: str = "keep_ids"
 ) -> list[PatchReport]:
     """Apply the patch inside each live actor (verl's ``vllm_server_*``) with ``actor.__ray_call__.remote``.
 
+    ``assistant_edits``: as for ``apply_patch``, set in every actor.
     ``actor_handles``: handles, or a mapping name -> handle (names are used in errors). The actors must be able to
     import ``nemo_gym_adapter`` (same venv / runtime env). Returns one report per actor, in order. Raises
     ``ServerError`` naming the first actor that failed or did not answer within ``timeout`` seconds in total.
@@ -183,7 +195,9 @@ def apply_patch_to_actors(
     from ray.exceptions import GetTimeoutError
 
     items = list(actor_handles.items()) if isinstance(actor_handles, Mapping) else [(None, h) for h in actor_handles]
-    pending = [(name or _describe_actor(h), h.__ray_call__.remote(_patch_inside_actor)) for name, h in items]
+    pending = [
+        (name or _describe_actor(h), h.__ray_call__.remote(_patch_inside_actor, assistant_edits)) for name, h in items
+    ]
     deadline = time.monotonic() + timeout
     reports = []
     for label, ref in pending:
@@ -250,6 +264,7 @@ class _Anchor:
     index: int
     model_prefix: list[int]
     required: list[int] | None
+    from_messages: bool = True  # False: Gym's required prefix alone, no per-turn ids to check the history with
 
 
 def _required_prefix(request: Any) -> list[int] | None:
@@ -283,7 +298,7 @@ def find_anchor(request: Any, messages: Sequence[Any]) -> _Anchor | None:
     index = next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "assistant"), None)
     if index is None:
         raise TokenAlignmentError(f"{REQUIRED_PREFIX_KEY} was given but the conversation has no assistant message")
-    return _Anchor(index, list(required), required)
+    return _Anchor(index, list(required), required, from_messages=False)
 
 
 def _role(message: Any) -> Any:
@@ -359,7 +374,16 @@ def _make_wrapper(original: Any) -> Any:
             prefix_messages = messages_through(messages, anchor.index)
             prefix_ids = await _render_prefix(original, self, request, prefix_messages, render_args, full)
             template = _turn_template(self, default_template)
-            prompt = splice_prompt(anchor.model_prefix, prefix_ids, full["prompt_token_ids"], template)
+            history = turn_history(messages, anchor.index, template.stop_texts) if anchor.from_messages else None
+            prompt = splice_prompt(
+                anchor.model_prefix,
+                prefix_ids,
+                full["prompt_token_ids"],
+                template,
+                history,
+                decode=self.renderer.tokenizer.decode,
+                assistant_edits=_OPTIONS["assistant_edits"],
+            )
             if anchor.required is not None and prompt[: len(anchor.required)] != anchor.required:
                 raise TokenAlignmentError(
                     f"{REQUIRED_PREFIX_KEY} ({len(anchor.required)} ids) is not a prefix of the spliced prompt "

@@ -143,7 +143,8 @@ class NemoGymAgentLoopManager(AgentLoopManager):
     def _patch(self, handles: Mapping[str, Any]) -> None:
         from nemo_gym_adapter.vllm_patch import apply_patch_to_actors
 
-        reports = apply_patch_to_actors(handles)  # raises ServerError naming the failing actor
+        # Raises ServerError naming the failing actor.
+        reports = apply_patch_to_actors(handles, assistant_edits=self.recipe.gym.assistant_edits)
         if len(reports) != len(handles):
             raise ServerError(f"token-ID patch: {len(reports)} reports for {len(handles)} actors {list(handles)}")
         for name, report in zip(handles, reports, strict=True):
