@@ -28,19 +28,24 @@ with ``<|endoftext|>`` the splice keeps it, so the model prefix then holds one t
 history. Stop ids cannot occur inside a generation (the engine stops at the first), and the template writes exactly
 one terminator where the model wrote one stop id, so counts stay comparable; a message removed, merged or summarised,
 or a model that produced a terminator mid-generation, shows up as a count mismatch and raises ``TokenAlignmentError``
-rather than guessing. Text that *spells* a stop token (a model writing ``<|im_end|>`` inside its reasoning) becomes a
-stop id once the template renders it: the render may then hold more turn ends than the model prefix, up to the
-number of stop texts the assistant messages' strings contain (``TurnHistory.spelled``); the anchor's turn end is then
-located by walking the renders along the model prefix (``history_check``) instead of by count.
+rather than guessing.
 
-A message rewritten in place keeps the count. ``history_check`` finds it without a second render: the model prefix is
+Text that *spells* a stop token (a model writing the characters ``<|im_end|>`` in its reasoning, which Qwen3's template
+later strips) becomes a stop id once the template renders it, while the model's own pieces are plain tokens: the
+history render then holds more turn ends than the model prefix, and -- once the reasoning is stripped -- more than
+the full render too, so pure counting refused such turns (masked samples). The count may now exceed the model's by
+up to the number of stop texts the assistant messages' strings contain (``TurnHistory.spelled``), and the anchor's
+turn end is then located by walking both renders along the model prefix (``history_check``), not by count.
+
+A message rewritten in place (a tool output shortened, a system prompt re-templated) keeps the count; the model's old
+tokens would silently win over the edit. ``history_check`` refuses it without a second render: the model prefix is
 ``S_0 G_1 S_1 ... G_k``, each generation ``G_j`` at ``len(prompt_token_ids)`` of its own assistant message, and every
 template span ``S_j`` between them must equal the history render's, except the generation prompt at its end. An
-assistant message whose content was changed while its ids were kept is governed by ``assistant_edits``: ``keep_ids``
-(default; Gym documents the message-level ids as the single source of truth) or ``refuse``.
+assistant message whose text was changed while its ids were kept follows ``assistant_edits``: ``keep_ids`` (default:
+Gym documents the message-level token ids as the single source of truth) or ``refuse``.
 
-Everything here is pure: token lists in, a new list out; no decode, no encode, linear scans only (this runs in
-vLLM's request preprocessing on every turn).
+Everything here is pure: token lists in, a new list out; no encode, linear scans only (this runs in vLLM's request
+preprocessing on every turn). ``decode`` is used for error messages and the ``refuse`` policy only.
 """
 
 from __future__ import annotations

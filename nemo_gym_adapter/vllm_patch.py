@@ -23,7 +23,9 @@ the engine prompt agree. The wrapper, only when an assistant message carries ids
    ``default_template_kwargs``, so passing ``add_generation_prompt`` there would be ignored). Fast path: template text
    only, token ids reused from the full render segment by segment (``vllm_prefix_render``, keeps the patched render
    near 1x); otherwise the original hook again, with ``parser=None`` (the first render consumed parser state);
-3. splices (``splice.splice_prompt``), checks ``required_prefix_token_ids``, replaces ``prompt_token_ids``;
+3. splices (``splice.splice_prompt``; a history edited in place since the model saw it is refused, see
+   ``history_check``; ``apply_patch(assistant_edits=...)`` sets the policy for edited assistant messages), checks
+   ``required_prefix_token_ids``, replaces ``prompt_token_ids``;
 4. clamps ``max_tokens``/``max_completion_tokens`` so prompt + output <= ``max_model_len``, or raises vLLM's own
    context-length 400 ("This model's maximum context length is N tokens...", which Gym maps to
    ``incomplete_details``). A ``TokenAlignmentError`` becomes a 400 naming the problem.
