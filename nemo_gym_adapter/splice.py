@@ -226,11 +226,13 @@ def turn_history(messages: Sequence[Mapping[str, Any]], anchor: int, stop_texts:
         if prompt is None and generation is None:
             unmarked.append(index)
             continue
-        for key, value in ((PROMPT_IDS_KEY, prompt), (GENERATION_IDS_KEY, generation)):
-            if not isinstance(value, (list, tuple)):
-                raise TokenAlignmentError(
-                    f"messages[{index}].{key} must be a list of token ids, got {type(value).__name__}"
-                )
+        if not isinstance(prompt, (list, tuple)) or not isinstance(generation, (list, tuple)):
+            key, value = (
+                (PROMPT_IDS_KEY, prompt) if not isinstance(prompt, (list, tuple)) else (GENERATION_IDS_KEY, generation)
+            )
+            raise TokenAlignmentError(
+                f"messages[{index}].{key} must be a list of token ids, got {type(value).__name__}"
+            )
         turns.append(ModelTurn(index, len(prompt), generation))
     if not turns or turns[-1].index != anchor:
         raise TokenAlignmentError(f"messages[{anchor}] is not an assistant message carrying token ids")

@@ -148,6 +148,14 @@ def test_generation_ids_not_where_the_prompt_puts_them_are_refused():
         synthetic(broken)
 
 
+def test_malformed_ids_on_an_earlier_turn_name_the_message():
+    messages = rollout()
+    broken = copy.deepcopy(messages)
+    broken[2]["generation_token_ids"] = "200 2"
+    with pytest.raises(TokenAlignmentError, match=r"messages\[2\]\.generation_token_ids must be a list of token ids"):
+        synthetic(broken)
+
+
 def test_error_shows_both_texts_around_the_difference():
     messages = rollout()
     with pytest.raises(TokenAlignmentError) as info:
