@@ -334,3 +334,23 @@ def test_history_edited_in_place_is_a_400_naming_the_message(patched):
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert "messages[1] (user) differs from what the model saw" in message and "Rome" in message
+
+    # The assistant-edit policy travels through Ray into the actor: its own message rewritten, its ids kept.
+    rewritten = [*history[:2], {**answer, "content": "Edited by the client."}, history[3]]
+    verdicts = {}
+    try:
+        for policy in ("refuse", "keep_ids"):
+            (report,) = apply_patch_to_actors([server.handle], assistant_edits=policy)
+            assert report.already_patched and report.assistant_edits == policy
+            with httpx.Client(timeout=300) as client:
+                verdicts[policy] = client.post(
+                    f"{server.base_url}/tokenize", json={"model": model, "messages": rewritten}
+                )
+    finally:
+        apply_patch_to_actors([server.handle])  # later tests of this module expect the default
+    assert verdicts["keep_ids"].status_code == 200, verdicts["keep_ids"].text
+    assert verdicts["keep_ids"].json()["tokens"] == unedited.json()["tokens"]  # the ids won over the edit
+    assert verdicts["refuse"].status_code == 400
+    assert (
+        "messages[2].content is not what its generation_token_ids say" in verdicts["refuse"].json()["error"]["message"]
+    )
