@@ -21,6 +21,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       policy_api_key: EMPTY
       env: {}                        # extra environment for Gym's processes
       patch_vllm: true               # apply the token-ID patch inside every vLLM server actor
+      assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
       trajectory: {contiguity: mask, mask_on_failure_kind: false}
       metrics: {success_threshold: null}
@@ -92,6 +93,10 @@ class NemoGymConfig(_Section):
     policy_api_key: SecretStr = SecretStr("EMPTY")
     env: dict[str, str] = Field(default_factory=dict)
     patch_vllm: bool = True
+    # What the patch does with an assistant message whose text was changed while its token ids were kept (edits of
+    # system/user/tool messages are always refused): keep_ids -- the ids win, as Gym documents message-level ids as
+    # the single source of truth -- or refuse (HTTP 400 naming the message; decodes every earlier generation).
+    assistant_edits: Literal["keep_ids", "refuse"] = "keep_ids"
     client: ClientSection = Field(default_factory=ClientSection)
     trajectory: TrajectorySection = Field(default_factory=TrajectorySection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)

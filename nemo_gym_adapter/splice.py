@@ -26,13 +26,26 @@ A *turn end* is any of the template's stop ids (its terminator, the tokenizer EO
 three sequences. Counting only the terminator would break from the third turn on: when an earlier generation ended
 with ``<|endoftext|>`` the splice keeps it, so the model prefix then holds one terminator fewer than the re-rendered
 history. Stop ids cannot occur inside a generation (the engine stops at the first), and the template writes exactly
-one terminator where the model wrote one stop id, so counts stay comparable; anything else (a message removed,
-merged or summarised; a model that produced a terminator mid-generation) shows up as a count mismatch and raises
-``TokenAlignmentError`` rather than guessing. Not detectable by counting: a message rewritten in place (same number
-of turns); the model's own tokens then win over the edit.
+one terminator where the model wrote one stop id, so counts stay comparable; a message removed, merged or summarised,
+or a model that produced a terminator mid-generation, shows up as a count mismatch and raises ``TokenAlignmentError``
+rather than guessing.
 
-Everything here is pure: token lists in, a new list out; no decode, no encode, linear scans only (this runs in
-vLLM's request preprocessing on every turn).
+Text that *spells* a stop token (a model writing the characters ``<|im_end|>`` in its reasoning, which Qwen3's template
+later strips) becomes a stop id once the template renders it, while the model's own pieces are plain tokens: the
+history render then holds more turn ends than the model prefix, and -- once the reasoning is stripped -- more than
+the full render too, so pure counting refused such turns (masked samples). The count may now exceed the model's by
+up to the number of stop texts the assistant messages' strings contain (``TurnHistory.spelled``), and the anchor's
+turn end is then located by walking both renders along the model prefix (``history_check``), not by count.
+
+A message rewritten in place (a tool output shortened, a system prompt re-templated) keeps the count; the model's old
+tokens would silently win over the edit. ``history_check`` refuses it without a second render: the model prefix is
+``S_0 G_1 S_1 ... G_k``, each generation ``G_j`` at ``len(prompt_token_ids)`` of its own assistant message, and every
+template span ``S_j`` between them must equal the history render's, except the generation prompt at its end. An
+assistant message whose text was changed while its ids were kept follows ``assistant_edits``: ``keep_ids`` (default:
+Gym documents the message-level token ids as the single source of truth) or ``refuse``.
+
+Everything here is pure: token lists in, a new list out; no encode, linear scans only (this runs in vLLM's request
+preprocessing on every turn). ``decode`` is used for error messages and the ``refuse`` policy only.
 """
 
 from __future__ import annotations
@@ -42,16 +55,33 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_adapter.errors import TokenAlignmentError
+from nemo_gym_adapter.errors import AdapterError, TokenAlignmentError
+from nemo_gym_adapter.history_check import (
+    Decode,
+    Divergence,
+    ModelTurn,
+    Stops,
+    TurnHistory,
+    anchor_end,
+    anchor_end_in_full,
+    check_assistant_texts,
+    check_structure,
+    edit_error,
+    walk,
+)
 
 # Keys NeMo Gym's vllm_model (return_token_id_information: true) puts on each assistant message it sends back.
 PROMPT_IDS_KEY = "prompt_token_ids"
 GENERATION_IDS_KEY = "generation_token_ids"
 
-# A probe string no chat template rewrites, used to find what the template writes right after assistant content.
+# Probe strings no chat template rewrites, to find what the template writes after assistant (and user) content.
 _PROBE_MARKER = "NGVSPLICEPROBE"
+_USER_MARKER = "NGVUSERPROBE"
+ASSISTANT_EDITS = ("keep_ids", "refuse")
 # Ids shown on each side of a mismatch in error messages.
 _WINDOW = 6
+# Keys of an assistant message that are not rendered text.
+_ID_KEYS = frozenset({PROMPT_IDS_KEY, GENERATION_IDS_KEY, "generation_log_probs"})
 
 
 @dataclass(frozen=True)
@@ -61,10 +91,15 @@ class TurnTemplate:
     ``terminator_id``: the token the chat template writes at the end of every assistant turn (``<|im_end|>``,
     ``<|eot_id|>``), which is not necessarily the tokenizer's EOS. ``stop_ids``: every id a generation may end with:
     the terminator, the tokenizer EOS, the generation-config EOS ids. The terminator is always added to ``stop_ids``.
+    ``stop_texts``: the text of each stop id (what a message would spell to produce one when rendered).
+    ``closes_turns``: the template ends user messages with a stop id too (ChatML, Llama 3), which the in-place edit
+    check relies on; False for templates such as Mistral's ``[INST] ... [/INST]``.
     """
 
     terminator_id: int
     stop_ids: frozenset[int] = frozenset()
+    stop_texts: tuple[str, ...] = ()
+    closes_turns: bool = True
 
     def __post_init__(self) -> None:
         if not _is_token_id(self.terminator_id):
@@ -98,11 +133,11 @@ def turn_template_from_tokenizer(
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
     probes = (
-        [{"role": "user", "content": "probe"}, {"role": "assistant", "content": _PROBE_MARKER}],
+        [{"role": "user", "content": _USER_MARKER}, {"role": "assistant", "content": _PROBE_MARKER}],
         # Some templates insist on a system message first.
         [
             {"role": "system", "content": "probe"},
-            {"role": "user", "content": "probe"},
+            {"role": "user", "content": _USER_MARKER},
             {"role": "assistant", "content": _PROBE_MARKER},
         ],
     )
@@ -126,7 +161,10 @@ def turn_template_from_tokenizer(
         eos = getattr(tokenizer, "eos_token_id", None)
         if _is_token_id(eos):
             stops.add(eos)
-        return TurnTemplate(terminator_id=terminator, stop_ids=frozenset(stops))
+        texts = tuple(sorted({t for t in (tokenizer.decode([s]) for s in stops) if t}))
+        between = text[text.find(_USER_MARKER) + len(_USER_MARKER) : text.rindex(_PROBE_MARKER)]
+        closes = _USER_MARKER in text and any(t in stops for t in tokenizer.encode(between, add_special_tokens=False))
+        return TurnTemplate(terminator, frozenset(stops), texts, closes)
     raise TokenAlignmentError("cannot find the assistant-turn terminator in the chat template: " + "; ".join(problems))
 
 
@@ -168,8 +206,63 @@ def messages_through(messages: Sequence[Mapping[str, Any]], index: int) -> list[
     return list(messages[: index + 1])
 
 
+def turn_history(messages: Sequence[Mapping[str, Any]], anchor: int, stop_texts: Sequence[str] = ()) -> TurnHistory:
+    """Every assistant message through ``messages[anchor]`` (the last one carrying ids): where each tokenized one's
+    generation sits in the model prefix, which carry no ids, and how many stop texts each one's strings spell.
+
+    Only the lengths of earlier ``prompt_token_ids`` are used (their ids are the model prefix's own, checked by
+    ``last_tokenized_assistant`` on the anchor), so this costs the generations' lengths, not the prompts'.
+    """
+    turns: list[ModelTurn] = []
+    unmarked: list[int] = []
+    spelled: dict[int, int] = {}
+    for index in range(anchor + 1):
+        message = messages[index]
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        if stop_texts and (n := spelled_stops(message, stop_texts)):
+            spelled[index] = n
+        prompt, generation = message.get(PROMPT_IDS_KEY), message.get(GENERATION_IDS_KEY)
+        if prompt is None and generation is None:
+            unmarked.append(index)
+            continue
+        if not isinstance(prompt, (list, tuple)) or not isinstance(generation, (list, tuple)):
+            key, value = (
+                (PROMPT_IDS_KEY, prompt) if not isinstance(prompt, (list, tuple)) else (GENERATION_IDS_KEY, generation)
+            )
+            raise TokenAlignmentError(
+                f"messages[{index}].{key} must be a list of token ids, got {type(value).__name__}"
+            )
+        turns.append(ModelTurn(index, len(prompt), generation))
+    if not turns or turns[-1].index != anchor:
+        raise TokenAlignmentError(f"messages[{anchor}] is not an assistant message carrying token ids")
+    return TurnHistory(tuple(turns), tuple(unmarked), spelled, messages)
+
+
+def spelled_stops(message: Mapping[str, Any], stop_texts: Sequence[str]) -> int:
+    """How many times the message's strings (content, reasoning, tool calls; not its ids) spell one of ``stop_texts``."""
+    count = 0
+    pending: list[Any] = [v for k, v in message.items() if k not in _ID_KEYS]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            count += sum(value.count(t) for t in stop_texts)
+        elif isinstance(value, Mapping):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+    return count
+
+
 def splice_prompt(
-    model_prefix: Sequence[int], prefix_render: Sequence[int], full_render: Sequence[int], template: TurnTemplate
+    model_prefix: Sequence[int],
+    prefix_render: Sequence[int],
+    full_render: Sequence[int],
+    template: TurnTemplate,
+    history: TurnHistory | None = None,
+    *,
+    decode: Decode | None = None,
+    assistant_edits: str = "keep_ids",
 ) -> list[int]:
     """The prompt to feed the engine: the model's own tokens, then the rendered rest of the conversation.
 
@@ -178,12 +271,20 @@ def splice_prompt(
     including that assistant, without a generation prompt. ``full_render`` (length F): the normal render of the whole
     request, with its generation prompt. Returns a new list ``model_prefix + full_render[p + 1:]`` (generation ended
     with a stop id, which is kept) or ``model_prefix + full_render[p:]`` (no stop id: the template's terminator is
-    inserted), p = position of the n-th turn end in ``full_render``, n = turn ends in ``prefix_render``.
+    inserted), p = position of the anchor's turn end in ``full_render`` (the n-th turn end, n = turn ends in
+    ``prefix_render``, unless assistant text spells stop tokens).
+
+    ``history`` (``turn_history``; None when the prefix did not come from message ids): enables the in-place edit
+    check of ``history_check`` (skipped for templates that do not close every turn, ``TurnTemplate.closes_turns``).
+    ``decode``: token ids -> text, for error messages and ``assistant_edits="refuse"`` (then required), which also
+    refuses tokenized assistant messages whose text is not what their generation ids say; ``keep_ids`` keeps the ids.
 
     Raises ``TokenAlignmentError`` (never guesses) when the model prefix's turn count differs from the rendered
-    history's (history edited, summarised, truncated or merged) or the full render has fewer turn ends than the
-    prefix render. O(M + F) time; inputs are not modified.
+    history's (history edited, summarised, truncated or merged), a message was edited in place, or the full render
+    has fewer turn ends than the prefix render. O(M + F) time; inputs are not modified.
     """
+    if assistant_edits not in ASSISTANT_EDITS:
+        raise AdapterError(f"assistant_edits must be one of {ASSISTANT_EDITS}, got {assistant_edits!r}")
     model_prefix = _as_list(model_prefix)
     prefix_render = _as_list(prefix_render)
     full_render = _as_list(full_render)
@@ -191,29 +292,64 @@ def splice_prompt(
     if not model_prefix:
         raise TokenAlignmentError("the model prefix (prompt_token_ids + generation_token_ids) is empty")
 
-    rendered_turns = _count(prefix_render, stops)
+    prefix = Stops(prefix_render, stop_positions(prefix_render, stops))
+    rendered_turns = len(prefix.at)
     if rendered_turns == 0:
         raise TokenAlignmentError(
             f"the render of the history through the last tokenized assistant message ({len(prefix_render)} ids) "
             f"contains no turn end (stop ids {sorted(stops)}); ends with {_window(prefix_render, len(prefix_render))}"
         )
 
+    model = Stops(model_prefix, stop_positions(model_prefix, stops))
     ends_with_stop = model_prefix[-1] in stops
     # A generation cut by length or a stop string has no stop id: its turn still ends there.
-    model_turns = _count(model_prefix, stops) + (0 if ends_with_stop else 1)
-    if model_turns != rendered_turns:
+    model_turns = len(model.at) + (0 if ends_with_stop else 1)
+    # Turn ends the render holds beyond the model's: stop tokens spelled as text in assistant messages.
+    extra = rendered_turns - model_turns
+    if not 0 <= extra <= (history.spelled_total if history is not None else 0):
         raise TokenAlignmentError(
             _turn_mismatch_message(model_prefix, prefix_render, model_turns, rendered_turns, stops)
         )
 
-    positions = stop_positions(full_render, stops)
-    if len(positions) < rendered_turns:
+    anchor_body = None
+    if history is not None and (template.closes_turns or extra):
+        if not template.closes_turns:
+            raise TokenAlignmentError(
+                f"messages[{history.anchor.index}]: assistant text spells a stop token and this chat template does "
+                "not close every turn with a stop id, so the turn boundary cannot be located"
+            )
+        check_structure(model_prefix, history)
+        try:
+            body_start, _ = walk(model, prefix, history, stops, tolerate_unmarked=assistant_edits == "keep_ids")
+        except Divergence as div:
+            raise TokenAlignmentError(edit_error(div, model, prefix, history, decode)) from None
+        anchor_body = (body_start, anchor_end(prefix, body_start, history)[1])
+        if assistant_edits == "refuse":
+            if decode is None:
+                raise AdapterError("assistant_edits='refuse' needs a decode function")
+            check_assistant_texts(history, decode, stops)
+
+    full = Stops(full_render, stop_positions(full_render, stops))
+    if len(full.at) < rendered_turns - extra:
         raise TokenAlignmentError(
-            f"the full render has {len(positions)} turn ends but the history through the last tokenized assistant "
+            f"the full render has {len(full.at)} turn ends but the history through the last tokenized assistant "
             f"message has {rendered_turns}; full render ({len(full_render)} ids) ends with "
             f"{_window(full_render, len(full_render))}"
         )
-    p = positions[rendered_turns - 1]
+    if extra == 0:
+        p = full.at[rendered_turns - 1]
+    else:
+        # Assistant text spelled stop tokens: counts no longer line up, walk the full render like the history render.
+        assert history is not None and anchor_body is not None  # extra > 0 needs history.spelled, checked above
+        try:
+            full_body, _ = walk(model, full, history, stops, tolerate_unmarked=assistant_edits == "keep_ids")
+        except Divergence as div:
+            raise TokenAlignmentError(
+                "the full render does not contain the history the way the history render does: "
+                + edit_error(div, model, full, history, decode)
+            ) from None
+        anchor = history.anchor
+        p = anchor_end_in_full(full, full_body, prefix, anchor_body, history.spelled.get(anchor.index, 0), anchor.index)
     return model_prefix + full_render[p + 1 if ends_with_stop else p :]
 
 

@@ -23,7 +23,9 @@ the engine prompt agree. The wrapper, only when an assistant message carries ids
    ``default_template_kwargs``, so passing ``add_generation_prompt`` there would be ignored). Fast path: template text
    only, token ids reused from the full render segment by segment (``vllm_prefix_render``, keeps the patched render
    near 1x); otherwise the original hook again, with ``parser=None`` (the first render consumed parser state);
-3. splices (``splice.splice_prompt``), checks ``required_prefix_token_ids``, replaces ``prompt_token_ids``;
+3. splices (``splice.splice_prompt``; a history edited in place since the model saw it is refused, see
+   ``history_check``; ``vllm_patch.apply_patch(assistant_edits=...)`` sets the policy for edited assistant
+   messages), checks ``required_prefix_token_ids``, replaces ``prompt_token_ids``;
 4. clamps ``max_tokens``/``max_completion_tokens`` so prompt + output <= ``max_model_len``, or raises vLLM's own
    context-length 400 ("This model's maximum context length is N tokens...", which Gym maps to
    ``incomplete_details``). A ``TokenAlignmentError`` becomes a 400 naming the problem.
@@ -48,6 +50,7 @@ from nemo_gym_adapter.splice import (
     last_tokenized_assistant,
     messages_through,
     splice_prompt,
+    turn_history,
     turn_template_from_tokenizer,
 )
 from nemo_gym_adapter.vllm_prefix_render import fast_prefix_ids
@@ -55,6 +58,8 @@ from nemo_gym_adapter.vllm_prefix_render import fast_prefix_ids
 REQUIRED_PREFIX_KEY = "required_prefix_token_ids"  # Gym's prefix-supply extension (vllm_model supply_prefix_token_ids)
 _BUDGET_FIELDS = ("max_completion_tokens", "max_tokens")  # vLLM reads the first one that is set
 SENTINEL = "__ngv_original__"  # attribute on the installed wrapper, pointing at the original method
+# Process-wide splice options (the patch itself is process-wide): set by vllm_patch.apply_patch, read per request.
+OPTIONS = {"assistant_edits": "keep_ids"}
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class _Anchor:
     index: int
     model_prefix: list[int]
     required: list[int] | None
+    from_messages: bool = True  # False: Gym's required prefix alone, no per-turn ids to check the history with
 
 
 def _required_prefix(request: Any) -> list[int] | None:
@@ -161,7 +167,7 @@ def find_anchor(request: Any, messages: Sequence[Any]) -> _Anchor | None:
     index = next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "assistant"), None)
     if index is None:
         raise TokenAlignmentError(f"{REQUIRED_PREFIX_KEY} was given but the conversation has no assistant message")
-    return _Anchor(index, list(required), required)
+    return _Anchor(index, list(required), required, from_messages=False)
 
 
 def _role(message: Any) -> Any:
@@ -240,7 +246,16 @@ def make_wrapper(original: Any) -> Any:
             prefix_messages = messages_through(messages, anchor.index)
             prefix_ids = await _render_prefix(original, self, request, prefix_messages, render_args, full)
             template = _turn_template(self, default_template)
-            prompt = splice_prompt(anchor.model_prefix, prefix_ids, full["prompt_token_ids"], template)
+            history = turn_history(messages, anchor.index, template.stop_texts) if anchor.from_messages else None
+            prompt = splice_prompt(
+                anchor.model_prefix,
+                prefix_ids,
+                full["prompt_token_ids"],
+                template,
+                history,
+                decode=self.renderer.tokenizer.decode,
+                assistant_edits=OPTIONS["assistant_edits"],
+            )
             if anchor.required is not None and prompt[: len(anchor.required)] != anchor.required:
                 raise TokenAlignmentError(
                     f"{REQUIRED_PREFIX_KEY} ({len(anchor.required)} ids) is not a prefix of the spliced prompt "

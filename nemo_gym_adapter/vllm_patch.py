@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nemo_gym_adapter.errors import ServerError, SetupError
-from nemo_gym_adapter.vllm_hooks import SENTINEL, hook_target_for, make_wrapper
+from nemo_gym_adapter.splice import ASSISTANT_EDITS
+from nemo_gym_adapter.vllm_hooks import OPTIONS, SENTINEL, hook_target_for, make_wrapper
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +39,20 @@ class PatchReport:
     pid: int
     actor: str | None = None
     node_ip: str | None = None  # the Ray node's IP when applied inside an actor
+    assistant_edits: str = "keep_ids"
 
 
-def apply_patch() -> PatchReport:
+def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
     """Install the splice on this process's vLLM; idempotent (a second call reports ``already_patched``).
 
-    Raises ``SetupError`` for an unsupported vLLM version or when the hook is missing from that version.
+    ``assistant_edits`` (``nemo_gym.assistant_edits``): what a tokenized assistant message whose text was changed
+    while its ids were kept gets: ``keep_ids`` (its ids win) or ``refuse`` (HTTP 400); set on every call.
+    Raises ``SetupError`` for an unsupported vLLM version, a missing hook or an unknown option.
     """
     import vllm
+
+    if assistant_edits not in ASSISTANT_EDITS:
+        raise SetupError(f"assistant_edits must be one of {ASSISTANT_EDITS}, got {assistant_edits!r}")
 
     version = getattr(vllm, "__version__", "unknown")
     target = hook_target_for(version)
@@ -62,7 +69,8 @@ def apply_patch() -> PatchReport:
         if not already:
             setattr(cls, method_name, make_wrapper(current))
             logger.info("nemo-gym-verl token-ID patch installed on %s (vLLM %s)", target.dotted, version)
-    return PatchReport(vllm_version=version, hook=target.dotted, already_patched=already, pid=os.getpid())
+        OPTIONS["assistant_edits"] = assistant_edits
+    return PatchReport(version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits)
 
 
 def is_patched() -> bool:
@@ -75,11 +83,11 @@ def is_patched() -> bool:
     return getattr(getattr(cls, method_name, None), SENTINEL, None) is not None
 
 
-def _patch_inside_actor(actor_self: Any) -> PatchReport:
+def _patch_inside_actor(actor_self: Any, assistant_edits: str = "keep_ids") -> PatchReport:
     """Runs inside a live actor via ``__ray_call__`` (``actor_self`` is the actor instance)."""
     import ray
 
-    report = apply_patch()
+    report = apply_patch(assistant_edits)
     name = None
     try:
         name = ray.get_runtime_context().get_actor_name()
@@ -89,10 +97,11 @@ def _patch_inside_actor(actor_self: Any) -> PatchReport:
 
 
 def apply_patch_to_actors(
-    actor_handles: Iterable[Any] | Mapping[str, Any], timeout: float = 120.0
+    actor_handles: Iterable[Any] | Mapping[str, Any], timeout: float = 120.0, *, assistant_edits: str = "keep_ids"
 ) -> list[PatchReport]:
     """Apply the patch inside each live actor (verl's ``vllm_server_*``) with ``actor.__ray_call__.remote``.
 
+    ``assistant_edits``: as for :func:`apply_patch`, set in every actor.
     ``actor_handles``: handles, or a mapping name -> handle (names are used in errors). The actors must be able to
     import ``nemo_gym_adapter`` (same venv / runtime env). Returns one report per actor, in order. Raises
     ``ServerError`` naming the first actor that failed or did not answer within ``timeout`` seconds in total.
@@ -103,7 +112,9 @@ def apply_patch_to_actors(
     items: list[tuple[str | None, Any]] = (
         list(actor_handles.items()) if isinstance(actor_handles, Mapping) else [(None, h) for h in actor_handles]
     )
-    pending = [(name or _describe_actor(h), h.__ray_call__.remote(_patch_inside_actor)) for name, h in items]
+    pending = [
+        (name or _describe_actor(h), h.__ray_call__.remote(_patch_inside_actor, assistant_edits)) for name, h in items
+    ]
     deadline = time.monotonic() + timeout
     reports = []
     for label, ref in pending:

@@ -31,9 +31,22 @@ WORDS = "weather city sunny Skinny rain cold hot temperature the a of Paris Oslo
 
 
 def conversation(tok, family: str, turns: int, target_tokens: int) -> list[dict]:
-    """``turns`` tool-call turns with tool results sized so the final prompt has about ``target_tokens`` tokens."""
+    """``turns`` tool-call turns with tool results sized so the final prompt has about ``target_tokens`` tokens.
+
+    Each turn's ``prompt_token_ids`` is what the patched server fed the engine (the splice of the turn before), so the
+    history is one the in-place edit check accepts, as in a real rollout.
+    """
     import random
 
+    from nemo_gym_adapter.splice import last_tokenized_assistant, splice_prompt, turn_template_from_tokenizer
+
+    def render(msgs: list[dict], add_generation_prompt: bool) -> list[int]:
+        text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tok.encode(text, add_special_tokens=False)
+
+    template = turn_template_from_tokenizer(
+        tok, [tok.convert_tokens_to_ids("<|endoftext|>" if family != "llama3" else "<|end_of_text|>")]
+    )
     rng = random.Random(0)
     stop = tok.convert_tokens_to_ids("<|eot_id|>" if family == "llama3" else "<|im_end|>")
     sample = " ".join(rng.choice(WORDS) for _ in range(400))
@@ -44,8 +57,11 @@ def conversation(tok, family: str, turns: int, target_tokens: int) -> list[dict]
         {"role": "user", "content": "What is the weather in Paris and Oslo, day by day?"},
     ]
     for turn in range(turns):
-        text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-        prompt = tok.encode(text, add_special_tokens=False)
+        prompt = render(messages, True)
+        found = last_tokenized_assistant(messages)
+        if found is not None:
+            k, model_prefix = found
+            prompt = splice_prompt(model_prefix, render(messages[: k + 1], False), prompt, template)
         call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
         spoken = f"<tool_call>\n{call}\n</tool_call>" if family != "llama3" else call
         generation = piecewise(tok, spoken) + [stop]

@@ -110,7 +110,7 @@ class GymManagerBase:
         self.replica_endpoints, handles = find_replicas(self.llm_client)
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
         if self.recipe.gym.patch_vllm:
-            self.patch_reports = patch_replicas(handles)
+            self.patch_reports = patch_replicas(handles, self.recipe.gym.assistant_edits)
         t1 = time.perf_counter()
         card = read_model_card(self.replicas)
         self.served_model_name = card.name
@@ -229,9 +229,11 @@ def find_replicas(llm_client: Any) -> tuple[list[ReplicaEndpoint], dict[str, Any
     return endpoints, {ep.actor: actors[ep.actor] for ep in endpoints}
 
 
-def patch_replicas(handles: Mapping[str, Any]) -> list[PatchReport]:
+def patch_replicas(handles: Mapping[str, Any], assistant_edits: str = "keep_ids") -> list[PatchReport]:
     """The token-ID patch inside every server actor; a missing or hook-less report is a ``ServerError``."""
-    reports = apply_patch_to_actors(handles)  # raises ServerError naming the failing actor
+    reports = apply_patch_to_actors(
+        handles, assistant_edits=assistant_edits
+    )  # raises ServerError naming the failing actor
     if len(reports) != len(handles):
         raise ServerError(f"token-ID patch: {len(reports)} reports for {len(handles)} actors {list(handles)}")
     for name, report in zip(handles, reports, strict=True):

@@ -292,3 +292,56 @@ def test_token_alignment_error_is_a_clear_400(patched):
     for resp in (r, t):
         assert resp.status_code == 400, resp.text
         assert "token splice" in resp.json()["error"]["message"]
+
+
+def test_history_edited_in_place_is_a_400_naming_the_message(patched):
+    """A user message rewritten after the model answered it (same number of turns): the patched server refuses the
+    request, naming the message, where the count-only splice kept the model's old tokens without a word."""
+    family, server = patched["family"], patched["server"]
+    model = served_model_name(family)
+    first = [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Paris?"}]
+    with httpx.Client(timeout=300) as client:
+        r1 = client.post(
+            f"{server.base_url}/v1/chat/completions",
+            json={"model": model, "messages": first, "max_tokens": 4, "return_token_ids": True, "seed": 0},
+        )
+        assert r1.status_code == 200, r1.text
+        data = r1.json()
+        choice = data["choices"][0]
+        answer = {
+            "role": "assistant",
+            "content": choice["message"]["content"] or "",
+            "prompt_token_ids": data["prompt_token_ids"],
+            "generation_token_ids": choice["token_ids"],
+            "generation_log_probs": [0.0] * len(choice["token_ids"]),
+        }
+        history = [*first, answer, {"role": "user", "content": "And Oslo?"}]
+        unedited = client.post(f"{server.base_url}/tokenize", json={"model": model, "messages": history})
+        edited = [first[0], {"role": "user", "content": "Weather in Rome?"}, *history[2:]]
+        r = client.post(
+            f"{server.base_url}/v1/chat/completions", json={"model": model, "messages": edited, "max_tokens": 4}
+        )
+    assert unedited.status_code == 200, unedited.text  # the control: the history as the model saw it is accepted
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "messages[1] (user) differs from what the model saw" in message and "Rome" in message
+
+    # The assistant-edit policy travels through Ray into the actor: its own message rewritten, its ids kept.
+    rewritten = [*history[:2], {**answer, "content": "Edited by the client."}, history[3]]
+    verdicts = {}
+    try:
+        for policy in ("refuse", "keep_ids"):
+            (report,) = apply_patch_to_actors([server.handle], assistant_edits=policy)
+            assert report.already_patched and report.assistant_edits == policy
+            with httpx.Client(timeout=300) as client:
+                verdicts[policy] = client.post(
+                    f"{server.base_url}/tokenize", json={"model": model, "messages": rewritten}
+                )
+    finally:
+        apply_patch_to_actors([server.handle])  # later tests of this module expect the default
+    assert verdicts["keep_ids"].status_code == 200, verdicts["keep_ids"].text
+    assert verdicts["keep_ids"].json()["tokens"] == unedited.json()["tokens"]  # the ids won over the edit
+    assert verdicts["refuse"].status_code == 400
+    assert (
+        "messages[2].content is not what its generation_token_ids say" in verdicts["refuse"].json()["error"]["message"]
+    )

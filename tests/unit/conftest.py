@@ -1,8 +1,9 @@
-"""Unit-tier fixtures: an empty datasets cache per test, fake Gym servers (``tests/support/fake_gym.py``) and a fake Gym venv
-(``tests/support/fake_gym_venv.py``)."""
+"""Unit-tier fixtures: an empty datasets cache per test, fake Gym servers (``tests/support/fake_gym.py``), a fake
+Gym venv (``tests/support/fake_gym_venv.py``), and the tiny families' tokenizers for the splice/edit-check tests."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,3 +32,23 @@ def isolated_datasets_cache(tmp_path_factory, monkeypatch):
     """Every unit test gets an empty ``HF_DATASETS_CACHE``: the Gym dataset's validated-rows cache
     (:mod:`nemo_gym_adapter.dataset_store`) never reads or fills the user's, and no test hits another's entries."""
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets")))
+
+
+FAMILIES = ("qwen25", "qwen3", "llama3")
+
+
+@pytest.fixture(scope="module")
+def family_tokenizers(tiny_model_dir):
+    """family -> (tokenizer, TurnTemplate with the generation-config stop ids, terminator text)."""
+    from transformers import AutoTokenizer
+
+    from nemo_gym_adapter.splice import turn_template_from_tokenizer
+
+    out = {}
+    for family in FAMILIES:
+        path = tiny_model_dir(family)
+        tok = AutoTokenizer.from_pretrained(path)
+        eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
+        template = turn_template_from_tokenizer(tok, eos if isinstance(eos, list) else [eos])
+        out[family] = (tok, template, tok.convert_ids_to_tokens(template.terminator_id))
+    return out

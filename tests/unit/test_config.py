@@ -35,6 +35,7 @@ def test_defaults_are_complete():
     assert section.client.max_concurrency == 64 and section.client.timeout_s == 900.0
     assert section.trajectory.contiguity == "mask" and section.trajectory.mask_on_failure_kind is False
     assert section.metrics.success_threshold is None
+    assert section.assistant_edits == "keep_ids"
     assert section.policy_api_key.get_secret_value() == "EMPTY"
     # every field has a default: only the start-or-attach choice is required
     required = [name for name, f in NemoGymConfig.model_fields.items() if f.is_required()]
@@ -75,6 +76,11 @@ def test_omegaconf_input_is_accepted(cfg):
             "mask",
         ),
         ({"config_paths": [GYM_CONFIG], "head_port": 70000}, "nemo_gym.head_port=70000", "65535"),
+        (
+            {"config_paths": [GYM_CONFIG], "assistant_edits": "keep"},
+            "nemo_gym.assistant_edits='keep'",
+            "'keep_ids' or 'refuse'",
+        ),
     ],
 )
 def test_section_errors_name_the_dotted_key(cfg, section, key, fragment):

@@ -18,6 +18,7 @@ from nemo_gym_adapter.splice import (
     last_tokenized_assistant,
     messages_through,
     splice_prompt,
+    turn_history,
 )
 from tests.support.conversations import TOOLS, template_view
 
@@ -48,7 +49,8 @@ def splice(messages: list[dict], strip_old_reasoning: bool = False) -> list[int]
     assert found is not None
     k, model_prefix = found
     prefix = render(messages_through(messages, k), False, strip_old_reasoning)
-    return splice_prompt(model_prefix, prefix, render(messages, True, strip_old_reasoning), TEMPLATE)
+    full = render(messages, True, strip_old_reasoning)
+    return splice_prompt(model_prefix, prefix, full, TEMPLATE, turn_history(messages, k))
 
 
 def assistant(prompt: list[int], generation: list[int], content: list[int], **extra) -> dict:
@@ -319,25 +321,6 @@ def test_only_the_template_stop_ids_count_as_turn_ends():
 FAMILIES = ("qwen25", "qwen3", "llama3")
 
 
-@pytest.fixture(scope="module")
-def family_tokenizers(tiny_model_dir):
-    """family -> (tokenizer, TurnTemplate with the generation-config stop ids, terminator text)."""
-    import json
-
-    from transformers import AutoTokenizer
-
-    from nemo_gym_adapter.splice import turn_template_from_tokenizer
-
-    out = {}
-    for family in FAMILIES:
-        path = tiny_model_dir(family)
-        tok = AutoTokenizer.from_pretrained(path)
-        eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
-        template = turn_template_from_tokenizer(tok, eos if isinstance(eos, list) else [eos])
-        out[family] = (tok, template, tok.convert_ids_to_tokens(template.terminator_id))
-    return out
-
-
 def render_text(tok, messages: list[dict], add_generation_prompt: bool) -> str:
     return tok.apply_chat_template(
         template_view(messages), tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt
@@ -362,7 +345,8 @@ def hook(tok, template: TurnTemplate, messages: list[dict]) -> list[int]:
         return full
     k, model_prefix = found
     prefix = encode(tok, render_text(tok, messages_through(messages, k), False))
-    return splice_prompt(model_prefix, prefix, full, template)
+    history = turn_history(messages, k, template.stop_texts)
+    return splice_prompt(model_prefix, prefix, full, template, history, decode=tok.decode)
 
 
 def gym_assistant(prompt, generation, content, call=None, reasoning=None) -> dict:

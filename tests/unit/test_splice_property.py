@@ -16,7 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_gym_adapter.splice import TurnTemplate, last_tokenized_assistant, messages_through, splice_prompt
+from nemo_gym_adapter.splice import (
+    TurnTemplate,
+    last_tokenized_assistant,
+    messages_through,
+    splice_prompt,
+    turn_history,
+)
 from tests.support.conversations import template_view
 
 ENDINGS = ("terminator", "other_eos", "none")
@@ -93,9 +99,8 @@ def test_synthetic_rollouts_stay_token_exact(script):
             prompt = full
         else:
             k, model_prefix = found
-            prompt = splice_prompt(
-                model_prefix, synthetic_render(messages_through(messages, k), False), full, SYNTHETIC
-            )
+            prefix = synthetic_render(messages_through(messages, k), False)
+            prompt = splice_prompt(model_prefix, prefix, full, SYNTHETIC, turn_history(messages, k))
         assert_prefix_chain(history, prompt)
         # Model ids (200+) never equal the template's re-encoding of the same text (500+, one id fewer).
         generation = [200 + i for i in (turn.reasoning or ())] + [200 + i for i in turn.content]
@@ -110,7 +115,8 @@ def test_synthetic_rollouts_stay_token_exact(script):
         messages.append({"role": "tool" if turn.follow_up == "env" else "user", "content": [700 + len(history)]})
     k, model_prefix = last_tokenized_assistant(messages)
     prefix = synthetic_render(messages_through(messages, k), False)
-    assert_prefix_chain(history, splice_prompt(model_prefix, prefix, synthetic_render(messages, True), SYNTHETIC))
+    full = synthetic_render(messages, True)
+    assert_prefix_chain(history, splice_prompt(model_prefix, prefix, full, SYNTHETIC, turn_history(messages, k)))
 
 
 # =====================================================================================================================
@@ -142,31 +148,34 @@ class Family:
         )
         return self.encode(text)
 
+    def splice(self, messages: list[dict], k: int, model_prefix: list[int], prefix: list[int], full: list[int]):
+        """What the vLLM hook computes: the splice with the in-place edit check."""
+        history = turn_history(messages, k, self.template.stop_texts)
+        return splice_prompt(model_prefix, prefix, full, self.template, history, decode=self.tok.decode)
 
-@pytest.fixture(scope="module")
-def families(tiny_model_dir) -> dict[str, Family]:
+
+def build_family(name: str, path) -> Family:
+    """A ``Family`` of the tiny model at ``path`` (tokenizer, its TurnTemplate, a safe plain-text vocabulary)."""
     from transformers import AutoTokenizer
 
     from nemo_gym_adapter.splice import turn_template_from_tokenizer
 
-    out = {}
-    for name in ("qwen25", "qwen3", "llama3"):
-        path = tiny_model_dir(name)
-        tok = AutoTokenizer.from_pretrained(path)
-        eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
-        template = turn_template_from_tokenizer(tok, eos if isinstance(eos, list) else [eos])
-        (other_eos,) = template.stop_ids - {template.terminator_id}
-        added = set(tok.get_added_vocab().values())
-        safe = tuple(
-            i
-            for i in range(len(tok))
-            if i not in added
-            and (text := tok.decode([i])).isascii()
-            and text.isprintable()
-            and not set(text) & set("<>|")
-        )
-        out[name] = Family(name, tok, template, other_eos, safe)
-    return out
+    tok = AutoTokenizer.from_pretrained(path)
+    eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
+    template = turn_template_from_tokenizer(tok, eos if isinstance(eos, list) else [eos])
+    (other_eos,) = template.stop_ids - {template.terminator_id}
+    added = set(tok.get_added_vocab().values())
+    safe = tuple(
+        i
+        for i in range(len(tok))
+        if i not in added and (text := tok.decode([i])).isascii() and text.isprintable() and not set(text) & set("<>|")
+    )
+    return Family(name, tok, template, other_eos, safe)
+
+
+@pytest.fixture(scope="module")
+def families(tiny_model_dir) -> dict[str, Family]:
+    return {name: build_family(name, tiny_model_dir(name)) for name in ("qwen25", "qwen3", "llama3")}
 
 
 def generate(family: Family, turn: Turn) -> tuple[list[int], dict]:
@@ -213,7 +222,7 @@ def test_tiny_model_rollouts_stay_token_exact(families, name, script):
         else:
             k, model_prefix = found
             prefix = family.render(messages_through(messages, k), False)
-            prompt = splice_prompt(model_prefix, prefix, full, family.template)
+            prompt = family.splice(messages, k, model_prefix, prefix, full)
         assert_prefix_chain(history, prompt)
         generation, message = generate(family, turn)
         log_probs = [-1.0] * len(generation)
@@ -228,4 +237,4 @@ def test_tiny_model_rollouts_stay_token_exact(families, name, script):
             messages.append({"role": "user", "content": f"Next {len(history)}?"})
     k, model_prefix = last_tokenized_assistant(messages)
     prefix = family.render(messages_through(messages, k), False)
-    assert_prefix_chain(history, splice_prompt(model_prefix, prefix, family.render(messages, True), family.template))
+    assert_prefix_chain(history, family.splice(messages, k, model_prefix, prefix, family.render(messages, True)))

@@ -168,6 +168,12 @@ def fake_vllm(monkeypatch):
     return install
 
 
+@pytest.fixture(autouse=True)
+def fresh_patch_options(monkeypatch):
+    """The patch's options are process-wide: every test starts from the defaults and leaves them as they were."""
+    monkeypatch.setitem(vllm_hooks.OPTIONS, "assistant_edits", "keep_ids")
+
+
 @pytest.fixture(scope="module")
 def qwen_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
@@ -226,6 +232,16 @@ def test_apply_patch_uses_the_0_24_hook(fake_vllm):
     assert report.hook == "vllm.entrypoints.serve.render.serving.OpenAIServingRender.preprocess_chat"
     assert hasattr(modules["vllm.entrypoints.serve.render.serving"].OpenAIServingRender.preprocess_chat, "__wrapped__")
     assert not hasattr(modules["vllm.renderers.online_renderer"].OnlineRenderer.preprocess_chat, "__wrapped__")
+
+
+def test_apply_patch_sets_the_assistant_edits_policy_on_every_call(fake_vllm):
+    fake_vllm("0.31.0")
+    assert vllm_patch.apply_patch("refuse").assistant_edits == "refuse"
+    assert vllm_hooks.OPTIONS["assistant_edits"] == "refuse"
+    again = vllm_patch.apply_patch()  # already installed: the option still changes
+    assert again.already_patched and again.assistant_edits == "keep_ids" == vllm_hooks.OPTIONS["assistant_edits"]
+    with pytest.raises(SetupError, match="assistant_edits must be one of"):
+        vllm_patch.apply_patch("ignore")
 
 
 def test_apply_patch_raises_when_the_target_is_missing(fake_vllm):
@@ -427,6 +443,33 @@ async def test_required_prefix_token_ids_is_honoured_and_checked(patched_rendere
         await _render(patched_renderer, conflicting)
 
 
+async def test_history_edited_in_place_is_a_400_naming_the_message(patched_renderer, qwen_tokenizer):
+    messages, _ = _conversation(qwen_tokenizer)
+    _, (engine_input,) = await _render(patched_renderer, FakeChatRequest(messages=messages, max_tokens=16))
+    edited = [{**messages[0], "content": "What is the weather in Rome? "}, *messages[1:]]
+    with pytest.raises(FakeVLLMValidationError, match=r"messages\[0\] \(user\) differs") as info:
+        await _render(patched_renderer, FakeChatRequest(messages=edited, max_tokens=16))
+    assert "Rome" in str(info.value) and info.value.parameter == "messages"
+
+
+@pytest.mark.parametrize("policy", ["keep_ids", "refuse"])
+async def test_assistant_edited_with_its_ids_kept_follows_the_policy(fake_vllm, qwen_tokenizer, policy):
+    modules = fake_vllm("0.31.0")
+    vllm_patch.apply_patch(policy)
+    renderer = modules["vllm.renderers.online_renderer"].OnlineRenderer(qwen_tokenizer)
+    messages, history = _conversation(qwen_tokenizer)
+    _, (unedited,) = await _render(renderer, FakeChatRequest(messages=messages, max_tokens=16))
+    edited = [messages[0], {**messages[1], "content": "Rainy weather in Paris"}, messages[2]]
+    request = FakeChatRequest(messages=edited, max_tokens=16)
+    if policy == "keep_ids":
+        _, (engine_input,) = await _render(renderer, request)
+        assert engine_input["prompt_token_ids"] == unedited["prompt_token_ids"]
+        assert engine_input["prompt_token_ids"][: len(history)] == history
+    else:
+        with pytest.raises(FakeVLLMValidationError, match=r"messages\[1\]\.content is not what"):
+            await _render(renderer, request)
+
+
 # ------------------------------------------------------------------------------------------ fast prefix render
 
 
@@ -527,7 +570,7 @@ class FakeRef:
 
 class FakeActorHandle:
     def __init__(self, ref: FakeRef):
-        self.__ray_call__ = types.SimpleNamespace(remote=lambda fn: ref)
+        self.__ray_call__ = types.SimpleNamespace(remote=lambda fn, *args: ref)
 
 
 def _fake_ray(monkeypatch):
@@ -546,9 +589,26 @@ def _fake_ray(monkeypatch):
 
     ray.get = get
     ray.exceptions = exceptions
+    ray.get_runtime_context = lambda: types.SimpleNamespace(get_actor_name=lambda: "vllm_server_0_0")
+    ray.util = types.SimpleNamespace(get_node_ip_address=lambda: "10.0.0.7")
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setitem(sys.modules, "ray.exceptions", exceptions)
     return exceptions
+
+
+class FakeRunningActor:
+    """A handle whose ``__ray_call__`` runs the function on an actor object here, as Ray runs it in the actor."""
+
+    def __init__(self):
+        self.__ray_call__ = types.SimpleNamespace(remote=lambda fn, *args: FakeRef(fn(object(), *args)))
+
+
+def test_apply_patch_to_actors_carries_the_assistant_edits_policy(monkeypatch, fake_vllm):
+    _fake_ray(monkeypatch)
+    fake_vllm("0.31.0")
+    (report,) = vllm_patch.apply_patch_to_actors({"vllm_server_0_0": FakeRunningActor()}, assistant_edits="refuse")
+    assert (report.actor, report.assistant_edits, report.node_ip) == ("vllm_server_0_0", "refuse", "10.0.0.7")
+    assert vllm_hooks.OPTIONS["assistant_edits"] == "refuse"
 
 
 def test_apply_patch_to_actors_names_the_actor_that_failed(monkeypatch):
@@ -567,6 +627,18 @@ def test_apply_patch_to_actors_names_the_actor_that_failed(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ launcher
+
+
+def test_launcher_takes_its_own_assistant_edits_flag_out_of_the_vllm_arguments():
+    from nemo_gym_adapter.errors import AdapterConfigError
+    from nemo_gym_adapter.vllm_server import pop_assistant_edits
+
+    assert pop_assistant_edits(["--model", "m"]) == ("keep_ids", ["--model", "m"])
+    assert pop_assistant_edits(["--ngv-assistant-edits", "refuse", "--port", "1"]) == ("refuse", ["--port", "1"])
+    assert pop_assistant_edits(["--ngv-assistant-edits=keep_ids"]) == ("keep_ids", [])
+    for bad in (["--ngv-assistant-edits", "drop"], ["--ngv-assistant-edits"]):
+        with pytest.raises(AdapterConfigError, match="--ngv-assistant-edits must be one of"):
+            pop_assistant_edits(bad)
 
 
 def test_launcher_reads_and_refuses_several_api_servers():
