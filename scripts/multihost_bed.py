@@ -24,6 +24,9 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: the bed lives in tests/support
 
 
 def main(argv: list[str] | None = None) -> int:

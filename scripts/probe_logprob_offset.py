@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     from recipe.nemo_gym.cpu import platform as cpu_platform
 
     cpu_platform.apply_env()  # before verl is imported anywhere in this process
-    os.environ["VERL_USE_EXTERNAL_MODULES"] += ",recipe.nemo_gym.cpu_rollout"
+    os.environ["VERL_USE_EXTERNAL_MODULES"] += ",recipe.nemo_gym.cpu.rollout"
     from transformers import AutoTokenizer
 
     from nemo_gym_adapter.demo_models.tiny_models import build_tiny_model

@@ -97,7 +97,7 @@ def verl_rollout(bed, rows_file):
     import ray
     from verl.workers.rollout.llm_server import LLMServerManager
 
-    from recipe.nemo_gym import cpu_rollout  # noqa: F401  (the CPU replica registered as "vllm")
+    from recipe.nemo_gym.cpu import rollout  # noqa: F401  (the CPU replica registered as "vllm")
     from tests.integration.verl_workers import spawn_cpu_actor_workers
 
     cfg = _compose(rows_file)
