@@ -449,3 +449,52 @@ def test_required_prefix_token_ids_is_honoured_and_checked(servers, patched):
     assert r.json()["prompt_token_ids"] == expected
     r = server.chat(messages, max_tokens=4, required_prefix_token_ids=[history[0] + 1, *history[1:]])
     assert r.status_code == 400 and "required_prefix_token_ids" in r.text, r.text
+
+
+def test_streaming_request_gets_the_same_spliced_prompt(servers, patched):
+    server = servers("qwen25")
+    messages, history = _two_turns(server, tools=TOOLS)
+    plain = server.chat(messages, tools=TOOLS, max_tokens=4)
+    assert plain.status_code == 200, plain.text
+    r = server.chat(messages, tools=TOOLS, max_tokens=4, stream=True)
+    assert r.status_code == 200, r.text
+    assert "data: [DONE]" in r.text
+    assert server.engine.calls[-1][0]["prompt_token_ids"] == plain.json()["prompt_token_ids"]
+    assert plain.json()["prompt_token_ids"][: len(history)] == history
+
+
+def test_request_chat_template_kwargs_reach_the_prefix_render(servers, patched):
+    """Qwen3 with ``enable_thinking: false`` (a request-level template kwarg): the generation prompt the model saw
+    ends with an empty think block; the next turn's prompt keeps the model's ids and renders the tail the same way."""
+    server = servers("qwen3")
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    first = [{"role": "user", "content": "What is the weather?"}]
+    prompt = server.tokenize(first, **kwargs)
+    assert server.tokenizer.decode(prompt).endswith("<think>\n\n</think>\n\n")
+    generation = piecewise(server.tokenizer, "Skinny weather") + [server.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    answer = {"role": "assistant", "content": "Skinny weather", "prompt_token_ids": prompt}
+    messages = [*first, {**answer, "generation_token_ids": generation}, {"role": "user", "content": "And Oslo?"}]
+    r = server.chat(messages, max_tokens=4, **kwargs)
+    assert r.status_code == 200, r.text
+    ids = r.json()["prompt_token_ids"]
+    assert ids[: len(prompt) + len(generation)] == prompt + generation
+    assert server.tokenizer.decode(ids[len(prompt) + len(generation) :]).endswith("<think>\n\n</think>\n\n")
+
+
+def test_harmony_models_bypass_the_hook_so_ids_on_them_are_a_400(servers, patched, monkeypatch):
+    """GPT-OSS renders through openai_harmony in ``render_chat`` and never reaches ``preprocess_chat``: the ids would
+    be ignored in silence. The patch guards ``render_chat``; the harmony render itself is not run (it downloads its
+    encoding), the bypass is shown in 0.24's source instead."""
+    import inspect
+
+    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
+
+    original = getattr(OpenAIServingRender.render_chat, vllm_hooks.SENTINEL)
+    source = inspect.getsource(original)
+    assert "if not self.use_harmony:" in source and "self._make_request_with_harmony(" in source
+    server = servers("qwen25")
+    monkeypatch.setattr(server.app.state.openai_serving_render, "use_harmony", True)
+    messages, _ = _two_turns(server)
+    r = server.chat(messages, max_tokens=4)
+    assert r.status_code == 400, r.text
+    assert "openai_harmony" in r.text and "messages[1]" in r.text
