@@ -30,6 +30,11 @@ the engine prompt agree. The wrapper, only when an assistant message carries ids
    context-length 400 ("This model's maximum context length is N tokens...", which Gym maps to
    ``incomplete_details``). A ``TokenAlignmentError`` becomes a 400 naming the problem.
 
+GPT-OSS (``model_type == "gpt_oss"``) is the exception in both ranges: vLLM renders it through ``openai_harmony`` in
+``render_chat`` (same class) without calling ``preprocess_chat``, so the splice would never run and the ids would be
+ignored in silence. ``make_harmony_guard`` wraps that ``render_chat``: a harmony request whose messages carry ids (or
+a required prefix) gets a 400 naming the reason; requests without ids are left alone.
+
 Prompt and generation ids come back inline through vLLM's own ``return_token_ids`` (0.24 and 0.31 both have it), so
 Gym's ``request_prompt_and_generation_token_ids: true`` needs nothing from us. Installing the wrapper (idempotent,
 in this process or inside verl's server actors through Ray) is :mod:`nemo_gym_adapter.vllm_patch`.
@@ -70,6 +75,7 @@ class HookTarget:
     max_version: tuple[int, int]
     module: str
     qualname: str  # "Class.method"
+    guard: str = "render_chat"  # the same class's method that bypasses the hook for harmony (GPT-OSS) models
 
     @property
     def dotted(self) -> str:
@@ -274,6 +280,30 @@ def make_wrapper(original: Any) -> Any:
 
     setattr(preprocess_chat, SENTINEL, original)
     return preprocess_chat
+
+
+def make_harmony_guard(original: Any) -> Any:
+    """``render_chat`` that refuses (400) a harmony (GPT-OSS) request carrying token ids, which the harmony render
+    would ignore in silence; everything else goes to vLLM's ``original``. Carries it under :data:`SENTINEL`."""
+
+    @functools.wraps(original)
+    async def render_chat(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "use_harmony", False):
+            try:
+                anchor = find_anchor(request, getattr(request, "messages", None) or [])
+            except TokenAlignmentError as e:
+                raise _bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
+            if anchor is not None:
+                raise _bad_request(
+                    "nemo-gym-verl token splice: this model renders chats with openai_harmony (GPT-OSS), a path "
+                    "vLLM does not route through the chat-template render the splice hooks, so the token ids on "
+                    f"messages[{anchor.index}] would be ignored; GPT-OSS is not supported by the token-ID patch",
+                    "messages",
+                )
+        return await original(self, request, *args, **kwargs)
+
+    setattr(render_chat, SENTINEL, original)
+    return render_chat
 
 
 async def _render_prefix(

@@ -22,7 +22,7 @@ from typing import Any
 
 from nemo_gym_adapter.errors import ServerError, SetupError
 from nemo_gym_adapter.splice import ASSISTANT_EDITS
-from nemo_gym_adapter.vllm_hooks import OPTIONS, SENTINEL, hook_target_for, make_wrapper
+from nemo_gym_adapter.vllm_hooks import OPTIONS, SENTINEL, hook_target_for, make_harmony_guard, make_wrapper
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,10 @@ def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
         if not already:
             setattr(cls, method_name, make_wrapper(current))
             logger.info("nemo-gym-verl token-ID patch installed on %s (vLLM %s)", target.dotted, version)
+        guarded = getattr(cls, target.guard, None)
+        if guarded is not None and getattr(guarded, SENTINEL, None) is None:
+            # Harmony (GPT-OSS) requests bypass the hook in this method: ids on them are refused, not ignored.
+            setattr(cls, target.guard, make_harmony_guard(guarded))
         OPTIONS["assistant_edits"] = assistant_edits
     return PatchReport(version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits)
 

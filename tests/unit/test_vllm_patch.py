@@ -130,6 +130,16 @@ class FakeOnlineRenderer:
             raise FakeVLLMValidationError(f"This model's maximum context length is {MAX_MODEL_LEN} tokens.")
         return [{"role": m["role"]} for m in messages], [{"type": "token", "prompt_token_ids": ids, "prompt": text}]
 
+    use_harmony = False  # vLLM: model_type == "gpt_oss"
+
+    async def render_chat(self, request, *, skip_mm_cache=False):
+        """vLLM's branch: harmony models never reach ``preprocess_chat``."""
+        if self.use_harmony:
+            return "rendered by openai_harmony"
+        return await self.preprocess_chat(
+            request, request.messages, None, "auto", None, TOOLS, skip_mm_cache=skip_mm_cache
+        )
+
 
 class FakeOpenAIServingRender(FakeOnlineRenderer):
     """vLLM 0.20-0.24's home of the same method."""
@@ -224,6 +234,22 @@ def test_apply_patch_installs_once_and_reports_already_patched(fake_vllm):
     assert first.vllm_version == "0.31.0"
     assert cls.__dict__["preprocess_chat"] is installed  # not wrapped twice
     assert vllm_patch.is_patched()
+
+
+async def test_harmony_request_with_ids_is_a_400_not_silently_unspliced(patched_renderer, qwen_tokenizer):
+    messages, _ = _conversation(qwen_tokenizer)
+    cls = type(patched_renderer)
+    assert getattr(cls.__dict__["render_chat"], vllm_hooks.SENTINEL, None) is not None
+    _, (engine_input,) = await patched_renderer.render_chat(FakeChatRequest(messages=messages, max_tokens=16))
+    assert "prompt" not in engine_input  # not harmony: the splice ran through preprocess_chat
+    patched_renderer.use_harmony = True
+    with pytest.raises(FakeVLLMValidationError, match=r"openai_harmony .* messages\[1\]") as info:
+        await patched_renderer.render_chat(FakeChatRequest(messages=messages, max_tokens=16))
+    assert info.value.parameter == "messages"
+    plain = [{k: v for k, v in m.items() if "_ids" not in k and "log_probs" not in k} for m in messages]
+    assert await patched_renderer.render_chat(FakeChatRequest(messages=plain)) == "rendered by openai_harmony"
+    vllm_patch.apply_patch()  # idempotent: the guard is not wrapped twice
+    assert getattr(cls.render_chat, vllm_hooks.SENTINEL) is FakeOnlineRenderer.render_chat
 
 
 def test_apply_patch_uses_the_0_24_hook(fake_vllm):

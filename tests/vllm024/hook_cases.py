@@ -1,0 +1,500 @@
+"""The 0.20-0.24 hook against vLLM 0.24's real classes (run in ``.cache/vllm024-venv`` by test_vllm024_hook.py).
+
+Not collected by the trainer venv's pytest (the file name has no ``test_`` prefix; it needs vLLM 0.24). Real: vLLM
+0.24.0's FastAPI app (``build_app`` + ``init_app_state``, as ``vllm serve`` wires it), ``OpenAIServingChat``,
+``OpenAIServingRender`` (the hooked class), ``ServingTokenization``, ``HfRenderer``, the hermes / llama3_json tool
+parsers, vLLM's error handlers (HTTP 400), and our ``vllm_patch.apply_patch``. Stubbed: the engine only
+(``ScriptedEngine``: records the prompt and sampling params it is given and "generates" scripted text, spelled the
+way a model may spell it, not the way the template encodes it) and the platform (``CpuPlatform``: the GPU wheel finds
+no device here, and rendering never touches one). Requests go through ``httpx.ASGITransport``, no socket.
+
+The cases are those the 0.31 hook passes (tests/unit/test_vllm_patch.py, tests/integration/test_vllm_patch_ray.py):
+the unpatched control, the exact history on every turn of a tool-call conversation for three template families,
+``/tokenize`` and ``/v1/chat/completions/render`` agreeing, the output-budget clamp, vLLM's context-length 400,
+alignment and in-place-edit 400s, the ``assistant_edits`` policy, ``required_prefix_token_ids``, fast and slow
+prefix renders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_gym_adapter import vllm_hooks, vllm_patch
+from tests.support.conversations import TOOLS, piecewise
+
+MAX_MODEL_LEN = 1024
+FAMILIES = ["qwen25", "qwen3", "llama3"]
+TOOL_PARSER = {"qwen25": "hermes", "qwen3": "hermes", "llama3": "llama3_json"}
+TERMINATOR = {"qwen25": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}
+STOP_TEXTS = {
+    "qwen25": ("<|im_end|>", "<|endoftext|>"),
+    "qwen3": ("<|im_end|>", "<|endoftext|>"),
+    "llama3": ("<|eot_id|>", "<|end_of_text|>"),
+}
+HOOK = "vllm.entrypoints.serve.render.serving.OpenAIServingRender.preprocess_chat"
+# What the scripted model "says": compact JSON (the templates re-render it with spaces), Qwen3 thinks first.
+CALL = {
+    "chatml": '<tool_call>\n{"name":"get_weather","arguments":{"city":"%s"}}\n</tool_call>',
+    "llama3": '{"name":"get_weather","parameters":{"city":"%s"}}',
+}
+THINK = "<think>\nSkinny weather is fine\n</think>\n\n"
+SCRIPT = [("call", "tool"), ("call", "tool"), ("answer", "user"), ("call", "tool"), ("answer", None)]
+
+
+def _model_dir(family: str) -> Path:
+    root = Path(os.environ.get("NGV_TINY_MODELS") or Path(__file__).resolve().parents[2] / ".cache" / "tiny-models")
+    path = root / family
+    if not (path / "config.json").exists():
+        pytest.fail(f"tiny model {family} missing at {path}: run scripts/setup.sh (it builds the tiny models)")
+    return path
+
+
+# ------------------------------------------------------------------------------------------- the one stub
+
+
+@dataclass
+class ScriptedEngine:
+    """vLLM's EngineClient as far as the OpenAI serving layer uses it; ``generate`` answers with scripted text."""
+
+    vllm_config: Any
+    renderer: Any
+    family: str
+    script: list[str] = field(default_factory=list)
+    calls: list[tuple[dict, Any]] = field(default_factory=list)
+    input_processor: Any = None
+    errored: bool = False
+    dead_error: Exception = field(default_factory=lambda: RuntimeError("engine dead"))
+
+    @property
+    def model_config(self) -> Any:
+        return self.vllm_config.model_config
+
+    async def is_tracing_enabled(self) -> bool:
+        return False
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    async def generate(self, prompt: dict, sampling_params: Any, request_id: str, **_: Any):
+        from vllm.outputs import CompletionOutput, RequestOutput
+
+        self.calls.append((dict(prompt), sampling_params))
+        tok = self.renderer.tokenizer
+        text = self.script.pop(0) if self.script else "Skinny"
+        ids = piecewise(tok, text) + [tok.convert_tokens_to_ids(TERMINATOR[self.family])]
+        ids = ids[: sampling_params.max_tokens]
+        out = CompletionOutput(0, text, ids, None, None, finish_reason="stop")
+        yield RequestOutput(request_id, None, list(prompt["prompt_token_ids"]), None, [out], finished=True)
+
+
+@dataclass
+class Server:
+    family: str
+    app: Any
+    engine: ScriptedEngine
+    tokenizer: Any
+    run: Callable[[Any], Any]
+
+    @property
+    def model(self) -> str:
+        return f"tiny-{self.family}"
+
+    def post(self, path: str, body: dict) -> Any:
+        import httpx
+
+        async def go():
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://vllm024") as client:
+                return await client.post(path, json={"model": self.model, **body})
+
+        return self.run(go())
+
+    def chat(self, messages: list[dict], **body: Any) -> Any:
+        return self.post("/v1/chat/completions", {"messages": messages, "return_token_ids": True, **body})
+
+    def tokenize(self, messages: list[dict], **body: Any) -> list[int]:
+        r = self.post("/tokenize", {"messages": messages, **body})
+        assert r.status_code == 200, r.text
+        return r.json()["tokens"]
+
+
+@pytest.fixture(scope="session")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def vllm024():
+    """vLLM 0.24's modules, the platform set to CPU (the GPU wheel detects none here), the patch not yet applied."""
+    import vllm
+    import vllm.platforms
+    from vllm.platforms.cpu import CpuPlatform
+
+    assert vllm.__version__ == "0.24.0", f"this venv has vLLM {vllm.__version__}, not 0.24.0"
+    vllm.platforms._current_platform = CpuPlatform()  # what resolving it finds on a CPU build of vLLM
+    return vllm
+
+
+@pytest.fixture(scope="session")
+def servers(vllm024, loop) -> Callable[[str], Server]:
+    """Factory: ``servers(family)`` -> the real vLLM 0.24 OpenAI app over a ScriptedEngine (built once per family)."""
+    from transformers import AutoTokenizer
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.openai.api_server import build_app, init_app_state
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.renderers import renderer_from_config
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    built: dict[str, Server] = {}
+
+    def get(family: str) -> Server:
+        if family not in built:
+            path = str(_model_dir(family))
+            argv = ["--model", path, "--served-model-name", f"tiny-{family}", "--max-model-len", str(MAX_MODEL_LEN)]
+            argv += ["--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER[family]]
+            args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+            validate_parsed_serve_args(args)
+            config = VllmConfig(model_config=AsyncEngineArgs.from_cli_args(args).create_model_config())
+            engine = ScriptedEngine(config, renderer_from_config(config), family)
+            app = build_app(args, ("generate",), config.model_config)
+            loop.run_until_complete(init_app_state(engine, app.state, args, ("generate",)))
+            built[family] = Server(family, app, engine, AutoTokenizer.from_pretrained(path), loop.run_until_complete)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture
+def patched(vllm024, monkeypatch):
+    """The patch installed (once per process, as in a server), the policy reset to the default for every test."""
+    report = vllm_patch.apply_patch()
+    monkeypatch.setitem(vllm_hooks.OPTIONS, "assistant_edits", "keep_ids")
+    return report
+
+
+@pytest.fixture
+def unpatched(vllm024, monkeypatch):
+    """Stock vLLM 0.24 for the duration of a test (the original method back in place if the patch is installed)."""
+    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
+
+    current = OpenAIServingRender.preprocess_chat
+    monkeypatch.setattr(OpenAIServingRender, "preprocess_chat", getattr(current, vllm_hooks.SENTINEL, current))
+
+
+# -------------------------------------------------------------------------------------- the conversation
+
+
+def _say(family: str, kind: str, seed: int) -> str:
+    city = ["Paris", "Oslo", "Skinny"][seed % 3]
+    body = CALL["llama3" if family == "llama3" else "chatml"] % city if kind == "call" else "It is sunny."
+    return THINK + body if family == "qwen3" else body
+
+
+class Conversation:
+    """A Gym-shaped conversation through the app: ids on every assistant message, tools, /tokenize per turn."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.messages: list[dict] = [
+            {"role": "system", "content": "You are a weather bot. Be brief."},
+            {"role": "user", "content": "What is the weather in Paris? Skinny answers please."},
+        ]
+        self.turns: list[dict] = []
+
+    def run(self) -> Conversation:
+        s = self.server
+        s.engine.script = [_say(s.family, kind, seed) for seed, (kind, _) in enumerate(SCRIPT)]
+        for seed, (_, then) in enumerate(SCRIPT):
+            sent = json.loads(json.dumps(self.messages))
+            r = s.chat(self.messages, tools=TOOLS, tool_choice="auto", max_tokens=200, seed=seed)
+            assert r.status_code == 200, r.text
+            data = r.json()
+            choice = data["choices"][0]
+            engine_prompt = s.engine.calls[-1][0]["prompt_token_ids"]
+            assert data["prompt_token_ids"] == engine_prompt  # return_token_ids reports what the engine got
+            rendered = s.post("/v1/chat/completions/render", {"messages": sent, "tools": TOOLS, "max_tokens": 200})
+            assert rendered.status_code == 200, rendered.text
+            self.turns.append(
+                {
+                    "messages": sent,
+                    "prompt": engine_prompt,
+                    "generation": choice["token_ids"],
+                    "tokens": s.tokenize(sent, tools=TOOLS),
+                    "render": rendered.json()["token_ids"],
+                }
+            )
+            message = choice["message"]
+            answer = {"role": "assistant", "content": message.get("content") or ""}
+            if message.get("tool_calls"):
+                answer["tool_calls"] = [
+                    {"id": c["id"] or f"call_{seed}", "type": "function", "function": c["function"]}
+                    for c in message["tool_calls"]
+                ]
+            answer.update(prompt_token_ids=engine_prompt, generation_token_ids=choice["token_ids"])
+            self.messages.append(answer)
+            if then == "tool":
+                call = answer["tool_calls"][0]
+                city = json.loads(call["function"]["arguments"]).get("city", "?")
+                self.messages.append(
+                    {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"city": city, "temp": 21})}
+                )
+            elif then == "user":
+                self.messages.append({"role": "user", "content": "And in Oslo?"})
+        return self
+
+    def history_kept(self) -> list[bool]:
+        return [
+            cur["prompt"][: len(prev["prompt"]) + len(prev["generation"])] == prev["prompt"] + prev["generation"]
+            for prev, cur in zip(self.turns, self.turns[1:], strict=False)
+        ]
+
+
+def _plain(messages: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.endswith("_ids") and k != "generation_log_probs"} for m in messages]
+
+
+def _expected_prompt(tokenizer: Any, family: str, turn: dict, prev: dict) -> list[int]:
+    """Independent of the splice code (text level, by count): history ids + template text after that turn."""
+    messages = _plain(turn["messages"])
+    for m in messages:  # vLLM parses tool-call arguments before templating
+        for call in m.get("tool_calls") or []:
+            call["function"] = {**call["function"], "arguments": json.loads(call["function"]["arguments"])}
+    k = max(i for i, m in enumerate(turn["messages"]) if "generation_token_ids" in m)
+    full = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    head = tokenizer.apply_chat_template(messages[: k + 1], tools=TOOLS, tokenize=False, add_generation_prompt=False)
+    term = TERMINATOR[family]
+    cut = -1
+    for _ in range(head.count(term)):
+        cut = full.index(term, cut + 1)
+    history = prev["prompt"] + prev["generation"]
+    ended = history[-1] in {tokenizer.convert_tokens_to_ids(t) for t in STOP_TEXTS[family]}
+    tail = full[cut + len(term) :] if ended else full[cut:]
+    return history + tokenizer.encode(tail, add_special_tokens=False)
+
+
+def _two_turns(
+    server: Server, content: str = "Skinny weather in Paris", pad_words: int = 0, tools: list | None = None
+) -> tuple[list, list]:
+    """[user, assistant with ids (piecewise, as a model may spell it), user] and the model's history ids."""
+    tok = server.tokenizer
+    first = [{"role": "user", "content": "What is the weather? " + "weather " * pad_words}]
+    prompt = server.tokenize(first, **({"tools": tools} if tools else {}))
+    generation = piecewise(tok, content) + [tok.convert_tokens_to_ids(TERMINATOR[server.family])]
+    assistant = {
+        "role": "assistant",
+        "content": content,
+        "prompt_token_ids": prompt,
+        "generation_token_ids": generation,
+    }
+    return [*first, assistant, {"role": "user", "content": "And Oslo?"}], prompt + generation
+
+
+# ------------------------------------------------------------------------------------------------ the cases
+
+
+def test_patch_installs_on_vllm_0_24s_render_hook(patched):
+    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
+
+    assert (patched.vllm_version, patched.hook) == ("0.24.0", HOOK)
+    assert getattr(OpenAIServingRender.preprocess_chat, vllm_hooks.SENTINEL, None) is not None
+    assert vllm_patch.is_patched() and vllm_patch.apply_patch().already_patched
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_unpatched_control_loses_the_token_history(servers, unpatched, family):
+    conv = Conversation(servers(family)).run()
+    assert len(conv.history_kept()) == len(SCRIPT) - 1
+    assert not all(conv.history_kept()), "stock vLLM 0.24 kept the history: the control shows nothing"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_patched_prompt_is_the_exact_token_history_every_turn(servers, patched, family):
+    server = servers(family)
+    conv = Conversation(server).run()
+    assert conv.history_kept() == [True] * (len(SCRIPT) - 1)
+    for i, (prev, turn) in enumerate(zip(conv.turns, conv.turns[1:], strict=False), start=1):
+        assert turn["prompt"] == _expected_prompt(server.tokenizer, family, turn, prev), f"turn {i}"
+        assert turn["tokens"] == turn["prompt"], f"turn {i}: /tokenize disagrees with the engine prompt"
+        assert turn["render"] == turn["prompt"], f"turn {i}: /v1/chat/completions/render disagrees"
+    assert sum(1 for m in conv.messages if m.get("tool_calls")) == 3  # vLLM's tool parser saw the scripted calls
+
+
+def test_requests_without_ids_are_left_to_vllm(servers, patched):
+    server = servers("qwen25")
+    messages = _plain(_two_turns(server)[0])
+    r = server.chat(messages, max_tokens=4)
+    assert r.status_code == 200, r.text
+    text = server.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert r.json()["prompt_token_ids"] == server.tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_and_slow_prefix_renders_agree_on_vllm_0_24(servers, patched, monkeypatch, fast):
+    """The fast path calls vLLM's renderer directly (``render_messages_async``, ``build_chat_params``): on 0.24 it
+    must be taken (not silently fall back), and the slow path (the hook again, ``parser=None``) must agree."""
+    server = servers("qwen25")
+    messages, history = _two_turns(server, tools=TOOLS)
+    taken: list[bool] = []
+    original = vllm_hooks.fast_prefix_ids
+
+    async def spy(*args: Any, **kwargs: Any) -> Any:
+        result = await original(*args, **kwargs) if fast else None
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(vllm_hooks, "fast_prefix_ids", spy)
+    r = server.chat(messages, tools=TOOLS, max_tokens=4)
+    assert r.status_code == 200, r.text
+    assert taken == [fast]
+    turn = {"messages": messages}
+    prev = {"prompt": history, "generation": []}
+    assert r.json()["prompt_token_ids"] == _expected_prompt(server.tokenizer, "qwen25", turn, prev)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_budget_is_clamped_where_stock_vllm_would_reject(servers, patched, monkeypatch, field):
+    server = servers("qwen25")
+    messages, _ = _two_turns(server, pad_words=MAX_MODEL_LEN - 250)
+    with monkeypatch.context() as m:  # stock vLLM: prompt + 400 > max_model_len is a 400
+        from vllm.entrypoints.serve.render.serving import OpenAIServingRender
+
+        m.setattr(OpenAIServingRender, "preprocess_chat", OpenAIServingRender.preprocess_chat.__ngv_original__)
+        stock = server.chat(_plain(messages), **{field: 400})
+    assert stock.status_code == 400, stock.text
+    r = server.chat(messages, **{field: 400})
+    assert r.status_code == 200, r.text
+    prompt_len = len(r.json()["prompt_token_ids"])
+    assert server.engine.calls[-1][1].max_tokens == MAX_MODEL_LEN - prompt_len < 400
+
+
+def test_overlong_spliced_history_is_vllms_context_length_400(servers, patched):
+    server = servers("qwen25")
+    tok = server.tokenizer
+    text = "Skinny weather " * 150  # ~300 tokens rendered, one token per character "generated"
+    messages, _ = _two_turns(server, content=text)
+    messages[1]["generation_token_ids"] = [tok.convert_tokens_to_ids(tok.tokenize(c)[0]) for c in text] + [
+        tok.convert_tokens_to_ids(TERMINATOR["qwen25"])
+    ]
+    messages[1]["prompt_token_ids"] = server.tokenize(messages[:1])
+    assert len(server.tokenize(_plain(messages))) < MAX_MODEL_LEN < len(messages[1]["generation_token_ids"])
+    r = server.chat(messages, max_tokens=4)
+    assert r.status_code == 400, r.text
+    assert f"This model's maximum context length is {MAX_MODEL_LEN} tokens" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("ids", "fragment"),
+    [
+        ({"prompt_token_ids": [1, 2, 3], "generation_token_ids": [4]}, "token history does not match"),
+        ({"prompt_token_ids": [1, "x"], "generation_token_ids": [4]}, "int token id"),
+        ({"prompt_token_ids": [1, 2]}, "generation_token_ids"),
+    ],
+)
+def test_alignment_errors_become_a_400_naming_the_problem(servers, patched, ids, fragment):
+    server = servers("qwen25")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", **ids}]
+    r = server.chat([*messages, {"role": "user", "content": "x"}], max_tokens=4)
+    assert r.status_code == 400, r.text
+    assert "nemo-gym-verl token splice" in r.text and fragment in r.text
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_history_edited_in_place_is_a_400_naming_the_message(servers, patched, family):
+    server = servers(family)
+    messages, _ = _two_turns(server)
+    assert server.chat(messages, max_tokens=4).status_code == 200
+    edited = [{**messages[0], "content": "What is the weather in Rome? "}, *messages[1:]]
+    r = server.chat(edited, max_tokens=4)
+    assert r.status_code == 400, r.text
+    assert "messages[0] (user) differs" in r.text and "Rome" in r.text
+
+
+@pytest.mark.parametrize("policy", ["keep_ids", "refuse"])
+def test_assistant_edited_with_its_ids_kept_follows_the_policy(servers, patched, policy):
+    server = servers("qwen25")
+    vllm_patch.apply_patch(policy)
+    messages, history = _two_turns(server)
+    unedited = server.chat(messages, max_tokens=4)
+    assert unedited.status_code == 200, unedited.text
+    edited = [messages[0], {**messages[1], "content": "Rainy weather in Paris"}, messages[2]]
+    r = server.chat(edited, max_tokens=4)
+    if policy == "keep_ids":
+        assert r.status_code == 200, r.text
+        assert r.json()["prompt_token_ids"] == unedited.json()["prompt_token_ids"]
+        assert r.json()["prompt_token_ids"][: len(history)] == history
+    else:
+        assert r.status_code == 400, r.text
+        assert "messages[1].content is not what" in r.text
+
+
+def test_required_prefix_token_ids_is_honoured_and_checked(servers, patched):
+    server = servers("qwen25")
+    messages, history = _two_turns(server)
+    expected = server.chat(messages, max_tokens=4).json()["prompt_token_ids"]
+    assert expected[: len(history)] == history
+    # Gym's prefix supply without ids on the messages: the required prefix is the model prefix.
+    r = server.chat(_plain(messages), max_tokens=4, required_prefix_token_ids=history)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_token_ids"] == expected
+    r = server.chat(messages, max_tokens=4, required_prefix_token_ids=[history[0] + 1, *history[1:]])
+    assert r.status_code == 400 and "required_prefix_token_ids" in r.text, r.text
+
+
+def test_streaming_request_gets_the_same_spliced_prompt(servers, patched):
+    server = servers("qwen25")
+    messages, history = _two_turns(server, tools=TOOLS)
+    plain = server.chat(messages, tools=TOOLS, max_tokens=4)
+    assert plain.status_code == 200, plain.text
+    r = server.chat(messages, tools=TOOLS, max_tokens=4, stream=True)
+    assert r.status_code == 200, r.text
+    assert "data: [DONE]" in r.text
+    assert server.engine.calls[-1][0]["prompt_token_ids"] == plain.json()["prompt_token_ids"]
+    assert plain.json()["prompt_token_ids"][: len(history)] == history
+
+
+def test_request_chat_template_kwargs_reach_the_prefix_render(servers, patched):
+    """Qwen3 with ``enable_thinking: false`` (a request-level template kwarg): the generation prompt the model saw
+    ends with an empty think block; the next turn's prompt keeps the model's ids and renders the tail the same way."""
+    server = servers("qwen3")
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    first = [{"role": "user", "content": "What is the weather?"}]
+    prompt = server.tokenize(first, **kwargs)
+    assert server.tokenizer.decode(prompt).endswith("<think>\n\n</think>\n\n")
+    generation = piecewise(server.tokenizer, "Skinny weather") + [server.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    answer = {"role": "assistant", "content": "Skinny weather", "prompt_token_ids": prompt}
+    messages = [*first, {**answer, "generation_token_ids": generation}, {"role": "user", "content": "And Oslo?"}]
+    r = server.chat(messages, max_tokens=4, **kwargs)
+    assert r.status_code == 200, r.text
+    ids = r.json()["prompt_token_ids"]
+    assert ids[: len(prompt) + len(generation)] == prompt + generation
+    assert server.tokenizer.decode(ids[len(prompt) + len(generation) :]).endswith("<think>\n\n</think>\n\n")
+
+
+def test_harmony_models_bypass_the_hook_so_ids_on_them_are_a_400(servers, patched, monkeypatch):
+    """GPT-OSS renders through openai_harmony in ``render_chat`` and never reaches ``preprocess_chat``: the ids would
+    be ignored in silence. The patch guards ``render_chat``; the harmony render itself is not run (it downloads its
+    encoding), the bypass is shown in 0.24's source instead."""
+    import inspect
+
+    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
+
+    original = getattr(OpenAIServingRender.render_chat, vllm_hooks.SENTINEL)
+    source = inspect.getsource(original)
+    assert "if not self.use_harmony:" in source and "self._make_request_with_harmony(" in source
+    server = servers("qwen25")
+    monkeypatch.setattr(server.app.state.openai_serving_render, "use_harmony", True)
+    messages, _ = _two_turns(server)
+    r = server.chat(messages, max_tokens=4)
+    assert r.status_code == 400, r.text
+    assert "openai_harmony" in r.text and "messages[1]" in r.text
