@@ -38,7 +38,9 @@ def normalized_shares(weights: Mapping[str, float], envs: Sequence[str], *, key:
     for env in sorted(set(weights) - set(envs)):
         problems.append(f"{key}.{env}: no row of the training data routes to {env!r} (environments: {sorted(envs)})")
     for env in sorted(set(envs) - set(weights)):
-        problems.append(f"{key}.{env}: the training data has rows for {env!r} but it has no weight; add {key}.{env}=<w>")
+        problems.append(
+            f"{key}.{env}: the training data has rows for {env!r} but it has no weight; add {key}.{env}=<w>"
+        )
     if problems:
         raise AdapterConfigError("invalid recipe config:\n  " + "\n  ".join(problems))
     total = float(sum(weights[e] for e in envs))

@@ -39,7 +39,13 @@ CORE_METRICS = ("reward_mean", "success_rate")
 TASK_INDEX_KEY = "_ng_task_index"  # = nemo_gym.global_config.TASK_INDEX_KEY_NAME
 ROLLOUT_INDEX_KEY = "_ng_rollout_index"  # = nemo_gym.global_config.ROLLOUT_INDEX_KEY_NAME
 # What Gym's collector leaves out of a result before /aggregate_metrics (rollout_collection._call_aggregate_metrics).
-_HEAVY_FIELDS = ("response", "responses_create_params", "ng_agent_observations", "ng_model_call_capture", "_ng_trajectory")
+_HEAVY_FIELDS = (
+    "response",
+    "responses_create_params",
+    "ng_agent_observations",
+    "ng_model_call_capture",
+    "_ng_trajectory",
+)
 
 
 def strip_result(result: Mapping[str, Any], task_index: int, rollout_index: int) -> dict[str, Any]:
@@ -158,4 +164,3 @@ class ValidationPass:
                 continue
             out.update(aggregate_metric_names(env, answer))
         return out
-

@@ -25,7 +25,9 @@ def test_the_shipped_configs_are_the_expected_ones():
         "nemo_gym_cpu",
         "nemo_gym_cpu_multi_env",
         "nemo_gym_cpu_toy",
-        "nemo_gym_multi_env", "nemo_gym_single_env"]
+        "nemo_gym_multi_env",
+        "nemo_gym_single_env",
+    ]
 
 
 @pytest.mark.parametrize("name", PRIMARY_CONFIGS)

@@ -38,7 +38,9 @@ def servers():
 
 
 def test_strip_result_keeps_what_gym_keeps():
-    entry = strip_result({"reward": 1.0, "response": {"output": [1], "usage": {"t": 1}}, "responses_create_params": {}}, 3, 1)
+    entry = strip_result(
+        {"reward": 1.0, "response": {"output": [1], "usage": {"t": 1}}, "responses_create_params": {}}, 3, 1
+    )
     assert entry == {"reward": 1.0, "response": {"usage": {"t": 1}}, "_ng_task_index": 3, "_ng_rollout_index": 1}
 
 
