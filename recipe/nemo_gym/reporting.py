@@ -136,6 +136,9 @@ def reward_curve(steps: Mapping[int, Mapping[str, float]], path: str = "<metrics
         MetricsFileError: no step carries a reward metric (names ``path`` and the keys looked for).
     """
     prefix, scopes = _reward_keys(steps)
+    # Training steps only: a step with validation metrics alone (val_before_train logs step 0) is not one.
+    trained = {s: m for s, m in steps.items() if not all(k.startswith(("val-", "val/")) for k in m)}
+    steps = trained or steps
     if scopes:
         order = sorted(scopes, key=lambda s: (s != ALL_SCOPE, s))
         reward = {scope: _series(steps, scopes[scope]) for scope in order}

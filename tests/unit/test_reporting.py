@@ -183,3 +183,8 @@ def test_summary_prints_each_environments_first_and_last_window(tmp_path):
     a = [line for line in text.splitlines() if line.strip().startswith(f"{ENV_A}:")]
     assert a == [f"  {ENV_A}: first 5 0.400 -> last 5 0.650 (+0.250)"]
     assert any(line.strip().startswith(f"{ENV_B}:") for line in text.splitlines())
+
+
+def test_a_validation_only_step_is_not_a_training_step(tmp_path):
+    records = [(0, {"val-core/e/gym/reward_mean": 0.3}), *[(s, {"gym/all/reward_mean": 0.5}) for s in (1, 2)]]
+    assert load_reward_curve(write_log(tmp_path / "m.jsonl", records)).steps == [1, 2]
