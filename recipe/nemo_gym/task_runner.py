@@ -40,6 +40,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
 from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.env_sampling import EnvWeightedSampler
+from nemo_gym_adapter.metrics import scope_name
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
 
@@ -74,6 +75,28 @@ def logprob_gap_metrics(
     }
 
 
+def logprob_gap_by_env(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, envs: Any = None
+) -> dict[str, float]:
+    """:func:`logprob_gap_metrics` over the batch (``onpolicy/*``) and, when the batch mixes environments (``envs``:
+    each row's ``gym_env``), per environment as ``onpolicy/<env>/*``: one environment's constrained decoding (a
+    grammar renormalises vLLM's log-probs) must not hide another's gap."""
+    out = logprob_gap_metrics(old_log_probs, rollout_log_probs, response_mask)
+    names = [str(e) for e in envs] if envs is not None else []
+    if len(set(names)) > 1:
+        for env in sorted(set(names)):
+            rows = torch.tensor([n == env for n in names], dtype=torch.bool)
+            out.update(
+                logprob_gap_metrics(
+                    old_log_probs[rows],
+                    rollout_log_probs[rows],
+                    response_mask[rows],
+                    prefix=f"onpolicy/{scope_name(env)}",
+                )
+            )
+    return out
+
+
 class NemoGymPPOTrainer(RayPPOTrainer):
     """verl's legacy trainer plus ``onpolicy/*`` metrics (reported with the actor update's own metrics), and verl's
     rollout-correction step guarded against a step in which every sample is masked (:mod:`.rollout_correction`)."""
@@ -86,8 +109,11 @@ class NemoGymPPOTrainer(RayPPOTrainer):
         gym_metrics = batch.meta_info.pop(GYM_METRICS_KEY, None) or {}  # the step's rollout metrics (agent_loop)
         gap = {}
         if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
-            gap = logprob_gap_metrics(
-                batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"]
+            gap = logprob_gap_by_env(
+                batch.batch["old_log_probs"],
+                batch.batch["rollout_log_probs"],
+                batch.batch["response_mask"],
+                batch.non_tensor_batch.get("gym_env"),
             )
         output = super()._update_actor(batch)
         # The trainer reduces these lists (mean; max for keys containing "max") and logs them this step.
