@@ -24,7 +24,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
       trajectory: {contiguity: mask, mask_on_failure_kind: false}
-      metrics: {success_threshold: null}
+      metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
+      env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
 
 Resolvers for the shipped configs (:func:`register_resolvers`; registered by ``recipe.nemo_gym.main``):
 ``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
@@ -34,6 +35,7 @@ installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -71,9 +73,11 @@ class TrajectorySection(_Section):
 
 
 class MetricsSection(_Section):
-    """``nemo_gym.metrics``: ``metrics.compute_metrics`` options."""
+    """``nemo_gym.metrics``: ``metrics.compute_metrics`` options; ``gym_aggregate``: after each validation pass, ask
+    every environment's own ``POST /aggregate_metrics`` (Gym 0.7) for its metrics and log them (``validation``)."""
 
     success_threshold: float | None = None
+    gym_aggregate: bool = True
 
 
 class NemoGymConfig(_Section):
@@ -100,6 +104,23 @@ class NemoGymConfig(_Section):
     client: ClientSection = Field(default_factory=ClientSection)
     trajectory: TrajectorySection = Field(default_factory=TrajectorySection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    # Share of each training batch per environment (relative weights; every environment of the training data must be
+    # listed, 0 leaves one out); null: the data's own mix. env_sampling.EnvWeightedSampler composes the batches.
+    env_weights: dict[str, float] | None = None
+
+    @field_validator("env_weights")
+    @classmethod
+    def _weights(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is None:
+            return None
+        if not weights:
+            raise ValueError("is empty: list {<environment>: <weight>} or set null for the data's own mix")
+        bad = {env: w for env, w in weights.items() if w is None or not math.isfinite(w) or w < 0}
+        if bad:
+            raise ValueError(f"weights must be finite numbers >= 0, got {bad}")
+        if sum(weights.values()) <= 0:
+            raise ValueError(f"every weight is 0 ({weights}): at least one environment must be sampled")
+        return weights
 
     @field_validator("config_overrides")
     @classmethod

@@ -307,3 +307,14 @@ class StoredRows:
         envs = self._env if self.indices is None else self._env.take(pa.array(self.indices))
         counts = envs.value_counts()
         return {str(v): int(c) for v, c in zip(counts.field(0).to_pylist(), counts.field(1).to_pylist(), strict=True)}
+
+    def env_codes(self) -> tuple[list[str], Any]:
+        """(environment names, int32 code per row of this view into those names): every row's environment without
+        a Python string per row (what ``env_sampling`` needs for millions of rows)."""
+        import numpy as np
+        import pyarrow as pa
+
+        envs = self._env if self.indices is None else self._env.take(pa.array(self.indices))
+        encoded = envs.dictionary_encode().combine_chunks()
+        names = [str(v) for v in encoded.dictionary.to_pylist()]
+        return names, np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int32)

@@ -28,7 +28,8 @@ from nemo_gym_adapter.trajectory import MaskReason, Trajectory
 ALL_SCOPE = "all"
 
 
-def _key_part(name: str) -> str:
+def scope_name(name: str) -> str:
+    """The metric-key part of an environment name (``/`` → ``_``; never the overall scope's name)."""
     part = name.replace("/", "_") or "unknown"
     return "env_all" if part == ALL_SCOPE else part  # never shadow the overall scope
 
@@ -72,7 +73,7 @@ def compute_metrics(
         return {}
     by_env: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
-        by_env[_key_part(t.env_name)].append(t)
+        by_env[scope_name(t.env_name)].append(t)
     scopes = {ALL_SCOPE: list(trajectories), **{env: by_env[env] for env in sorted(by_env)}}
     metrics: dict[str, float] = {}
     for scope, trajs in scopes.items():

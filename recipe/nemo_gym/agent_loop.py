@@ -13,9 +13,15 @@ Start-up and shutdown (replicas found and patched, Gym started or attached, the 
 sampling from ``rollout`` or ``rollout.val_kwargs``, max output tokens = ``rollout.response_length``; rows are never
 mutated), runs them through the core and pads the trajectories into verl's legacy batch (``padding.pad_trajectories``:
 ``rm_scores`` on the last valid token, so verl's reward manager is skipped; masked rows have an all-zero
-``response_mask``), one output row per input row. Metrics ride in ``meta_info["timing"]``: the legacy trainer logs
-that dict (as ``timing_s/<key>``) and nothing else from a rollout manager, so ``gym/<env>/reward_mean``,
-``gym/all/masked_rate/<reason>``, ``gym/all/contiguity_rate``, ... appear as ``timing_s/gym/...``.
+``response_mask``), one output row per input row.
+
+Metrics: the legacy trainer logs ``meta_info["timing"]`` of a rollout manager as ``timing_s/<key>`` and drops the
+rest of its returned dicts, but it merges the output's ``meta_info`` into the training batch. So a training step's
+metrics (``gym/<env>/reward_mean``, ``gym/all/masked_rate/<reason>``, ``gym/all/contiguity_rate``, ...) ride in
+``meta_info[GYM_METRICS_KEY]`` to the recipe's trainer, which logs them under those plain names
+(``recipe.nemo_gym.task_runner``); ``timing`` stays empty (verl times the call itself as ``timing_s/gen``).
+Validation batches are collected into a :class:`~nemo_gym_adapter.validation.ValidationPass`, whose metrics the
+trainer takes with :meth:`NemoGymAgentLoopManager.pop_validation_metrics` after verl's own validation.
 """
 
 from __future__ import annotations
@@ -31,19 +37,37 @@ from verl.protocol import DataProto
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.padding import pad_trajectories
 from nemo_gym_adapter.rollout_core import BlockingRolloutCore
+from nemo_gym_adapter.validation import ValidationPass
 from recipe.nemo_gym.manager_base import GymManagerBase
+
+GYM_METRICS_KEY = "nemo_gym_metrics"
+"""``meta_info`` key of a training step's metrics (read and removed by ``task_runner.NemoGymPPOTrainer``)."""
 
 
 class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
     """verl ``AgentLoopManager`` whose rollouts are NeMo Gym ``/run`` calls (see the module docstring)."""
 
     runner: BlockingRolloutCore
+    validation: ValidationPass
 
     def start(self) -> None:
         super().start()
         assert self.core is not None  # start() built it
         self.runner = BlockingRolloutCore(self.core)  # verl calls generate_sequences synchronously
         self.on_shutdown("rollout core", self.runner.close)
+        self.validation = self.new_validation_pass()
+
+    def new_validation_pass(self) -> ValidationPass:
+        assert self.core is not None
+        metrics = self.recipe.gym.metrics
+        return ValidationPass(
+            self.core.routes, success_threshold=metrics.success_threshold, gym_aggregate=metrics.gym_aggregate
+        )
+
+    def pop_validation_metrics(self) -> dict[str, float]:
+        """The metrics of the validation rows seen since the last call (``validation.ValidationPass``); resets."""
+        finished, self.validation = self.validation, self.new_validation_pass()
+        return finished.metrics()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Run every row through Gym; return verl's legacy padded batch, one output row per input row."""
@@ -57,11 +81,15 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
         lengths = {"prompt_length": self.recipe.prompt_length, "response_length": self.recipe.response_length}
         padded = pad_trajectories(step.trajectories, **lengths, pad_token_id=self.pad_token_id)
         output = DataProto.from_dict(tensors=padded.tensors, non_tensors=padded.non_tensors)
-        metrics = {**step.metrics, **self.engine_probe_metrics()}
-        t2 = time.perf_counter()
-        metrics.update({"gym/timing/postprocess_s": t2 - t1, "gym/timing/generate_sequences_s": t2 - t0})
-        # "timing" is required by the trainer (and logged); no reward_extra_keys: rm_scores is the whole reward.
-        output.meta_info = {"timing": metrics, "reward_extra_keys": []}
+        if validate:
+            self.validation.add(step.rows, task_indices(prompts))
+            metrics: dict[str, float] = {}
+        else:
+            metrics = {**step.metrics, **self.engine_probe_metrics()}
+            t2 = time.perf_counter()
+            metrics.update({"gym/timing/postprocess_s": t2 - t1, "gym/timing/generate_sequences_s": t2 - t0})
+        # "timing" is required by the trainer; no reward_extra_keys: rm_scores is the whole reward.
+        output.meta_info = {"timing": {}, "reward_extra_keys": [], GYM_METRICS_KEY: metrics}
         return output
 
 
@@ -77,3 +105,11 @@ def gym_rows(prompts: DataProto) -> tuple[list[Mapping[str, Any]], list[str]]:
     if len(nt["gym_row"]) == 0:
         raise AdapterError("generate_sequences: empty batch")
     return list(nt["gym_row"]), [str(e) for e in np.asarray(nt["gym_env"]).tolist()]
+
+
+def task_indices(prompts: DataProto) -> list[int]:
+    """Each row's dataset index (``GymJsonlDataset``'s ``index``; verl's repeats share it), or its position."""
+    index = prompts.non_tensor_batch.get("index")
+    if index is None:
+        return list(range(len(prompts)))
+    return [int(i) for i in np.asarray(index).tolist()]

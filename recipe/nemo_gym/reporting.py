@@ -13,8 +13,9 @@ Validation metrics come as separate lines with the same step; lines of one step 
 Series read (the first family found wins; all of it is over every step that has it):
 
 * reward: the adapter's per-environment metrics (``nemo_gym_adapter.metrics``) ``<prefix>/<scope>/reward_mean``
-  (mean Gym reward over *unmasked* samples; scope ``all`` or an environment). The manager hands them to verl in
-  ``meta_info["timing"]``, so verl logs them as ``timing_s/<prefix>/<scope>/reward_mean``; both spellings are read.
+  (mean Gym reward over *unmasked* samples; scope ``all`` or an environment), one curve per environment. Runs
+  before the plain names (``recipe.nemo_gym.task_runner``) logged them as ``timing_s/<prefix>/<scope>/reward_mean``;
+  both spellings are read.
   Without them: verl's ``critic/score/mean`` (sequence score; a masked sample counts as 0).
 * masked rate: ``[timing_s/]<prefix>/all/masked_rate`` (share of samples masked out of training).
 * step time: ``timing_s/step`` (verl's wall time of one training step).
@@ -135,6 +136,9 @@ def reward_curve(steps: Mapping[int, Mapping[str, float]], path: str = "<metrics
         MetricsFileError: no step carries a reward metric (names ``path`` and the keys looked for).
     """
     prefix, scopes = _reward_keys(steps)
+    # Training steps only: a step with validation metrics alone (val_before_train logs step 0) is not one.
+    trained = {s: m for s, m in steps.items() if not all(k.startswith(("val-", "val/")) for k in m)}
+    steps = trained or steps
     if scopes:
         order = sorted(scopes, key=lambda s: (s != ALL_SCOPE, s))
         reward = {scope: _series(steps, scopes[scope]) for scope in order}
@@ -179,12 +183,13 @@ def _mean(values: Sequence[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def window_summary(curve: RewardCurve, k: int = 5) -> dict[str, float]:
-    """Mean overall reward of the first and last ``k`` steps, their difference and ratio (NaN when undefined).
+def window_summary(curve: RewardCurve, k: int = 5, series: str | None = None) -> dict[str, float]:
+    """Mean reward (overall, or of environment ``series``) of the first and last ``k`` steps, their difference and
+    ratio (NaN when undefined).
 
     ``k`` shrinks to half the run when the run is shorter than ``2k`` steps, so the two windows never overlap.
     """
-    values = curve.overall
+    values = curve.overall if series is None else curve.reward[series]
     k = max(1, min(k, len(values) // 2))
     first, last = _mean(values[:k]), _mean(values[-k:])
     return {
@@ -306,6 +311,13 @@ def summary_text(curve: RewardCurve, window: int = 5, wall_s: float | None = Non
         f"last  {k} steps mean reward: {_fmt(s['last_mean'])}",
         f"difference: {s['difference']:+.3f}   ratio: {s['ratio']:.2f}x",
     ]
+    for env in curve.reward:
+        if env != ALL_SCOPE and len(curve.reward) > 2:  # several environments: each one's own first/last k
+            e = window_summary(curve, k=window, series=env)
+            lines.append(
+                f"  {env}: first {k} {_fmt(e['first_mean'])} -> last {k} {_fmt(e['last_mean'])} "
+                f"({e['difference']:+.3f})"
+            )
     times = [t for t in curve.step_time_s or [] if not math.isnan(t)]
     if times:
         later = times[1:] or times

@@ -10,6 +10,13 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
 3. The trainer is :class:`NemoGymPPOTrainer`: verl's ``RayPPOTrainer`` plus the logprob gap between the rollout
    (vLLM, as returned by Gym) and the actor's recomputation, logged every step as ``onpolicy/*`` (see
    :func:`logprob_gap_metrics`); and the rollout manager is shut down (Gym stopped) when training ends or fails.
+4. The rollout metrics reach verl's logger under their plain names (``gym/<env>/reward_mean``, ...): the legacy
+   trainer logs only ``meta_info["timing"]`` of a rollout manager (as ``timing_s/...``), but it merges the rest of
+   that ``meta_info`` into the batch it hands to ``_update_actor``, whose returned ``metrics`` it logs; the trainer
+   takes them from there (``agent_loop.GYM_METRICS_KEY``). After verl's own validation, ``_validate`` adds the
+   manager's per-environment validation metrics and Gym's ``/aggregate_metrics`` (``nemo_gym_adapter.validation``).
+5. With ``nemo_gym.env_weights``, the training sampler is ``env_sampling.EnvWeightedSampler``: each batch holds
+   every environment's share of rows.
 
 verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
 ``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
@@ -31,7 +38,11 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
+from nemo_gym_adapter.config import load_config
+from nemo_gym_adapter.env_sampling import EnvWeightedSampler
+from nemo_gym_adapter.metrics import scope_name
 from recipe.nemo_gym import rollout_correction
+from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +75,28 @@ def logprob_gap_metrics(
     }
 
 
+def logprob_gap_by_env(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, envs: Any = None
+) -> dict[str, float]:
+    """:func:`logprob_gap_metrics` over the batch (``onpolicy/*``) and, when the batch mixes environments (``envs``:
+    each row's ``gym_env``), per environment as ``onpolicy/<env>/*``: one environment's constrained decoding (a
+    grammar renormalises vLLM's log-probs) must not hide another's gap."""
+    out = logprob_gap_metrics(old_log_probs, rollout_log_probs, response_mask)
+    names = [str(e) for e in envs] if envs is not None else []
+    if len(set(names)) > 1:
+        for env in sorted(set(names)):
+            rows = torch.tensor([n == env for n in names], dtype=torch.bool)
+            out.update(
+                logprob_gap_metrics(
+                    old_log_probs[rows],
+                    rollout_log_probs[rows],
+                    response_mask[rows],
+                    prefix=f"onpolicy/{scope_name(env)}",
+                )
+            )
+    return out
+
+
 class NemoGymPPOTrainer(RayPPOTrainer):
     """verl's legacy trainer plus ``onpolicy/*`` metrics (reported with the actor update's own metrics), and verl's
     rollout-correction step guarded against a step in which every sample is masked (:mod:`.rollout_correction`)."""
@@ -73,16 +106,27 @@ class NemoGymPPOTrainer(RayPPOTrainer):
         return super().fit()
 
     def _update_actor(self, batch: Any) -> Any:
-        gap = None
+        gym_metrics = batch.meta_info.pop(GYM_METRICS_KEY, None) or {}  # the step's rollout metrics (agent_loop)
+        gap = {}
         if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
-            gap = logprob_gap_metrics(
-                batch.batch["old_log_probs"], batch.batch["rollout_log_probs"], batch.batch["response_mask"]
+            gap = logprob_gap_by_env(
+                batch.batch["old_log_probs"],
+                batch.batch["rollout_log_probs"],
+                batch.batch["response_mask"],
+                batch.non_tensor_batch.get("gym_env"),
             )
         output = super()._update_actor(batch)
-        if gap is not None:
-            # The trainer reduces these lists (mean; max for keys containing "max") and logs them this step.
-            output.meta_info["metrics"].update({k: [v] for k, v in gap.items()})
+        # The trainer reduces these lists (mean; max for keys containing "max") and logs them this step.
+        output.meta_info["metrics"].update({k: [v] for k, v in {**gym_metrics, **gap}.items()})
         return output
+
+    def _validate(self, merged: bool = False) -> Any:
+        """verl's validation (``val-core/<env>/reward/mean@N``, ...) plus the manager's per-environment Gym metrics."""
+        result = super()._validate(merged=merged)
+        pop = getattr(self.async_rollout_manager, "pop_validation_metrics", None)
+        if pop is not None and isinstance(result, dict) and not merged:
+            result.update(pop())
+        return result
 
 
 class NemoGymTaskRunnerImpl(BaseTaskRunner):
@@ -139,7 +183,7 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
             train_dataset=datasets["train"],
             val_dataset=datasets["val"],
             collate_fn=collate_fn,
-            train_sampler=create_rl_sampler(config.data, datasets["train"]),
+            train_sampler=train_sampler(config, datasets["train"], create_rl_sampler),
         )
         try:
             trainer.init_workers()
@@ -148,6 +192,18 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
             manager = getattr(trainer, "async_rollout_manager", None)
             if manager is not None and hasattr(manager, "shutdown"):
                 manager.shutdown()
+
+
+def train_sampler(config: Any, dataset: Any, default: Any) -> Any:
+    """``EnvWeightedSampler`` when ``nemo_gym.env_weights`` is set (each batch holds every environment's share),
+    else verl's own sampler (``default(config.data, dataset)``)."""
+    weights = load_config(config, check_files=False).gym.env_weights
+    if weights is None:
+        return default(config.data, dataset)
+    names, codes = dataset.rows.store.env_codes()
+    sampler = EnvWeightedSampler(names, codes, weights, int(config.data.train_batch_size), config.data.get("seed"))
+    logger.info("training batches by environment share: %s", sampler.shares)
+    return sampler
 
 
 NemoGymTaskRunner = ray.remote(NemoGymTaskRunnerImpl)

@@ -91,15 +91,15 @@ def reaped_children():
         psutil.wait_procs(stray, timeout=10)
 
 
-def _run_recipe(tmp_path: Path, *overrides: str) -> tuple[str, float]:
-    """``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu`` with ``overrides``; (log text, wall seconds)."""
+def _run_recipe(tmp_path: Path, *overrides: str, config: str = "nemo_gym_cpu") -> tuple[str, float]:
+    """``python -m recipe.nemo_gym.main --config-name <config>`` with ``overrides``; (log text, wall seconds)."""
     log_path = tmp_path / "recipe.log"
     cmd = [
         sys.executable,
         "-m",
         "recipe.nemo_gym.main",
         "--config-name",
-        "nemo_gym_cpu",
+        config,
         *overrides,
         f"nemo_gym.run_dir={tmp_path / 'gym'}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
@@ -134,25 +134,25 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     for step, m in steps.items():
         for key in (
-            f"timing_s/gym/{ENV}/reward_mean",
-            "timing_s/gym/all/masked_rate",
-            "timing_s/gym/all/masked_rate/non_contiguous",
-            "timing_s/gym/all/contiguity_rate",
-            "timing_s/gym/timing/generate_sequences_s",
+            f"gym/{ENV}/reward_mean",
+            "gym/all/masked_rate",
+            "gym/all/masked_rate/non_contiguous",
+            "gym/all/contiguity_rate",
+            "gym/timing/generate_sequences_s",
             "onpolicy/logprob_abs_diff_mean",
             "onpolicy/kl_k3",
             "rollout_corr/k3_kl",
             "actor/pg_loss",
         ):
             assert key in m and math.isfinite(m[key]), (step, key, sorted(m))
-        assert m["timing_s/gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every row back
+        assert m["gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every row back
         assert m["onpolicy/num_tokens"] > 0
-        assert math.isfinite(m["timing_s/gym/engine/probe_logprob_mean"]), (step, sorted(m))
+        assert math.isfinite(m["gym/engine/probe_logprob_mean"]), (step, sorted(m))
         assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
     # The engine's log-probability of a fixed prompt, read before each step's rollouts: step 2 sees the weights
     # verl synced after step 1's update (AdamW changes them even with zero advantages), step 1 the initial ones.
     # With no sync the engine keeps its weights and the probe stays put (to float32 noise).
-    probes = [steps[s]["timing_s/gym/engine/probe_logprob_mean"] for s in sorted(steps)]
+    probes = [steps[s]["gym/engine/probe_logprob_mean"] for s in sorted(steps)]
     assert abs(probes[1] - probes[0]) > PROBE_MIN_MOVE, f"rollout engine weights did not change after step 1: {probes}"
     print(
         f"engine probe logprob per step: {probes}; recipe: {wall:.0f}s wall; per step "
@@ -178,7 +178,7 @@ def test_a_step_with_every_sample_masked_completes_with_nan_gap_metrics(tmp_path
     steps = _parse_steps(text)
     assert sorted(steps) == [1], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     m = steps[1]
-    assert m["timing_s/gym/all/masked_rate"] == 1.0 and m["timing_s/gym/all/masked_rate/prompt_too_long"] == 1.0
+    assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
     assert m["onpolicy/num_tokens"] == 0
     for key in ("onpolicy/logprob_abs_diff_mean", "onpolicy/kl_k3", "rollout_corr/kl", "rollout_corr/k3_kl"):
         assert key in m and math.isnan(m[key]), (key, sorted(m))

@@ -156,6 +156,7 @@ def test_manager_found_and_patched_the_replica_and_started_gym(stack):
 def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
 
+    from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
     from recipe.nemo_gym.task_runner import logprob_gap_metrics
 
     cfg, actor_wg, _, manager = stack
@@ -171,7 +172,7 @@ def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
     assert len(out) == B == (FORCED + 1) * N
     assert out.batch["prompts"].shape == (B, P) and out.batch["responses"].shape == (B, R)
     assert out.batch["input_ids"].shape == out.batch["attention_mask"].shape == (B, P + R)
-    timing = out.meta_info["timing"]
+    timing = out.meta_info[GYM_METRICS_KEY]
     env = "example_single_tool_call_simple_agent"
     for key in ("gym/all/masked_rate", f"gym/{env}/reward_mean", "gym/all/contiguity_rate", "gym/timing/rollout_s"):
         assert np.isfinite(timing[key]), key

@@ -152,12 +152,14 @@ def _rollouts(cfg, manager):
     from verl.trainer.ppo.utils import create_rl_dataset
     from verl.utils.dataset.rl_dataset import collate_fn
 
+    from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
+
     dataset = create_rl_dataset(cfg.data.train_files, cfg.data, None, None, is_train=True)
     batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
     batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
     gen = RayPPOTrainer._get_gen_batch(None, batch).repeat(repeat_times=N, interleave=True)
     out = manager.generate_sequences(gen)
-    timing = out.meta_info["timing"]
+    timing = out.meta_info[GYM_METRICS_KEY]
     assert len(out) == PROMPTS * N
     assert (out.batch["response_mask"].sum(-1) > 0).all(), out.non_tensor_batch["gym_masked_reason"]
     assert min(out.non_tensor_batch["__num_turns__"]) >= 2 and timing["gym/all/contiguity_rate"] == 1.0

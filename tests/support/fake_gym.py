@@ -1,6 +1,6 @@
 """Fake NeMo Gym servers for unit tests: aiohttp apps on free local ports, each in its own thread and loop.
 
-``FakeEnvServer`` stands in for an environment server's ``/run``: each row says how the fake should behave
+``FakeEnvServer`` stands in for an environment server's ``/run`` (and ``/aggregate_metrics``, recorded): each row says how the fake should behave
 (``fake`` key: sleep, answer an HTTP error, drop the connection for the first N tries, answer non-JSON or a given
 ``result``), and the fake records what it received, how many requests were in flight at once, and which headers
 came in.
@@ -31,6 +31,7 @@ class FakeEnvServer:
         self.hits: dict[str, int] = {}
         self.bodies: list[dict[str, Any]] = []
         self.cookie_headers: list[str | None] = []
+        self.aggregate_bodies: list[dict[str, Any]] = []
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -41,6 +42,7 @@ class FakeEnvServer:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_post("/run", self._run)
+        app.router.add_post("/aggregate_metrics", self._aggregate_metrics)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         self._loop.run_until_complete(self._runner.setup())
         self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
@@ -72,6 +74,21 @@ class FakeEnvServer:
             return response
         finally:
             self.in_flight -= 1
+
+    async def _aggregate_metrics(self, request: web.Request) -> web.Response:
+        """Gym 0.7's ``/aggregate_metrics`` shape: mean reward as the key metric, a few agent metrics (a string too)."""
+        body = await request.json()
+        self.aggregate_bodies.append(body)
+        rewards = [float(r["reward"]) for r in body["verify_responses"]]
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        return web.json_response(
+            {
+                "key_metrics": {"mean/reward": mean},
+                "agent_metrics": {"mean/reward": mean, "max/reward": max(rewards, default=0.0), "label": "fake"},
+                "group_level_metrics": [],
+                "repeat_level_metrics": [],
+            }
+        )
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)

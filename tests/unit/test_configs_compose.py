@@ -21,7 +21,13 @@ def _compose(name: str, overrides: tuple[str, ...] = ()):
 
 
 def test_the_shipped_configs_are_the_expected_ones():
-    assert PRIMARY_CONFIGS == ["nemo_gym_cpu", "nemo_gym_cpu_toy", "nemo_gym_multi_env", "nemo_gym_single_env"]
+    assert PRIMARY_CONFIGS == [
+        "nemo_gym_cpu",
+        "nemo_gym_cpu_multi_env",
+        "nemo_gym_cpu_toy",
+        "nemo_gym_multi_env",
+        "nemo_gym_single_env",
+    ]
 
 
 @pytest.mark.parametrize("name", PRIMARY_CONFIGS)
@@ -119,3 +125,33 @@ def test_null_drops_an_inherited_gym_override():
     )
     assert recipe.gym.config_overrides == {}
     assert load_config(_compose("nemo_gym_cpu")).gym.config_overrides  # and without it, the override is there
+
+
+def test_cpu_multi_env_config_routes_three_ways_and_samples_half_and_half():
+    """configs/nemo_gym_cpu_multi_env.yaml: rows route by agent_ref (dict and string) and task_source, all to the
+    two toy agents, and the training sampler gives each environment half of every batch."""
+    import json
+    from collections import Counter
+
+    from omegaconf import OmegaConf
+
+    from nemo_gym_adapter.dataset import GymJsonlDataset
+    from recipe.nemo_gym.task_runner import train_sampler
+
+    cfg = _compose("nemo_gym_cpu_multi_env")
+    OmegaConf.resolve(cfg)
+    forms = set()
+    for f in cfg.data.train_files:
+        row = json.loads(Path(f).read_text().splitlines()[0])
+        ref = row.get("agent_ref")
+        forms.add("task_source" if ref is None else type(ref).__name__)
+    assert forms == {"dict", "str", "task_source"}
+    dataset = GymJsonlDataset(list(cfg.data.train_files), config=cfg.data)
+    assert dataset.env_names == ["toy_choice_simple_agent", "toy_lookup_simple_agent"]
+    sampler = train_sampler(cfg, dataset, default=None)
+    indices = list(sampler)
+    b = cfg.data.train_batch_size
+    for start in range(0, len(indices), b):
+        envs = Counter(dataset[i]["gym_env"] for i in indices[start : start + b])
+        assert envs == {"toy_choice_simple_agent": b // 2, "toy_lookup_simple_agent": b // 2}
+    assert train_sampler(_compose("nemo_gym_cpu"), dataset, default=lambda *a: "verl's") == "verl's"

@@ -173,3 +173,18 @@ def test_cli_writes_the_png_and_reports_errors(tmp_path, capsys):
     assert main([str(bad), "-o", str(tmp_path / "x.png")]) == 1
     assert f"{bad}:2: not JSON" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_summary_prints_each_environments_first_and_last_window(tmp_path):
+    from recipe.nemo_gym.reporting import summary_text
+
+    records = [(s, training_metrics(s, 0.2 + 0.05 * s, prefix="gym")) for s in range(1, 11)]
+    text = summary_text(load_reward_curve(write_log(tmp_path / "m.jsonl", records)), window=5)
+    a = [line for line in text.splitlines() if line.strip().startswith(f"{ENV_A}:")]
+    assert a == [f"  {ENV_A}: first 5 0.400 -> last 5 0.650 (+0.250)"]
+    assert any(line.strip().startswith(f"{ENV_B}:") for line in text.splitlines())
+
+
+def test_a_validation_only_step_is_not_a_training_step(tmp_path):
+    records = [(0, {"val-core/e/gym/reward_mean": 0.3}), *[(s, {"gym/all/reward_mean": 0.5}) for s in (1, 2)]]
+    assert load_reward_curve(write_log(tmp_path / "m.jsonl", records)).steps == [1, 2]

@@ -1,0 +1,78 @@
+"""Multi-environment GRPO, hydra-launched end to end: ``python -m recipe.nemo_gym.main --config-name
+nemo_gym_cpu_multi_env`` (both bundled toy environments in one Gym: toy_choice, one model call; toy_lookup, two
+tool calls), two steps, validation before training and after the last step.
+
+Checked from the console logger: each step carries both environments' metrics under plain names (``gym/<env>/...``,
+nothing under ``timing_s/gym/``), each environment got its weighted half of the batch, toy_lookup made two model
+calls per rollout and toy_choice one; the validation passes log per-environment validation reward under verl's
+naming (``val-core/<env>/reward/mean@1``) and ours (``val-core/<env>/gym/reward_mean``) plus each environment's own
+Gym ``/aggregate_metrics``; the run's reward-curve PNG has one series per environment; no process is left behind.
+Lean on purpose (CI budget): 4 rows x 2 samples per step, 8 greedy validation rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from recipe.nemo_gym.reporting import load_reward_curve
+from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, reaped_children  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.e2e
+
+ENVS = ("toy_choice_simple_agent", "toy_lookup_simple_agent")
+STEPS = 2
+BATCH, N = 4, 2
+
+
+def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, reaped_children):  # noqa: F811
+    text, wall = _run_recipe(
+        tmp_path,
+        f"trainer.total_training_steps={STEPS}",
+        f"trainer.test_freq={STEPS}",
+        f"data.train_batch_size={BATCH}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
+        f"actor_rollout_ref.rollout.n={N}",
+        # verl needs each micro batch to divide the step's BATCH x N samples (the config's 64 fits 8 x 8).
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
+        config="nemo_gym_cpu_multi_env",
+    )
+    steps = _parse_steps(text)
+    assert sorted(steps) == [0, *range(1, STEPS + 1)], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    turns = {"toy_choice_simple_agent": 1.0, "toy_lookup_simple_agent": 2.0}
+    for step in range(1, STEPS + 1):
+        m = steps[step]
+        assert not [k for k in m if k.startswith("timing_s/gym/")], sorted(m)
+        for env in ENVS:
+            for name in (
+                "reward_mean",
+                "success_rate",
+                "masked_rate",
+                "masked_rate/non_contiguous",
+                "generated_tokens_mean",
+            ):
+                assert math.isfinite(m[f"gym/{env}/{name}"]), (step, env, name)
+            assert m[f"gym/{env}/num_samples"] == BATCH // 2 * N  # nemo_gym.env_weights: half of the batch each
+            assert m[f"gym/{env}/num_turns_mean"] == turns[env]
+        assert m["gym/all/masked_rate"] == 0.0 and m["gym/all/contiguity_rate"] == 1.0
+        assert math.isfinite(m["actor/pg_loss"])
+    for step in (0, STEPS):  # val_before_train, then trainer.test_freq (= the last step)
+        m = steps[step]
+        for env in ENVS:
+            assert math.isfinite(m[f"val-core/{env}/reward/mean@1"]), (step, sorted(m))  # verl's own
+            assert math.isfinite(m[f"val-core/{env}/gym/reward_mean"]), (step, sorted(m))
+            assert m[f"val-aux/{env}/gym/num_samples"] == 4.0
+            assert [k for k in m if k.startswith(f"val-core/{env}/gym_aggregate/")], (step, env, sorted(m))
+            assert f"val-aux/{env}/gym_aggregate/failed" not in m
+    curve = load_reward_curve(tmp_path / "gym" / "metrics.jsonl")
+    assert set(curve.reward) == {"all", *ENVS}
+    assert (tmp_path / "gym" / "reward_curve.png").is_file()
+    print(
+        f"multi-env recipe: {wall:.0f}s wall; validation reward "
+        + ", ".join(f"{env}: {steps[0][f'val-core/{env}/gym/reward_mean']:.2f}" for env in ENVS)
+    )
+    assert not (tmp_path / "gym" / "gym.pid").exists()
+    left = reaped_children()
+    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
