@@ -24,6 +24,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
       trajectory: {contiguity: mask, mask_on_failure_kind: false}
+      on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
+      liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
       metrics: {success_threshold: null}
 
 Resolvers for the shipped configs (:func:`register_resolvers`; registered by ``recipe.nemo_gym.main``):
@@ -76,6 +78,16 @@ class MetricsSection(_Section):
     success_threshold: float | None = None
 
 
+class LivenessSection(_Section):
+    """``nemo_gym.liveness``: probing the Gym servers and vLLM replicas (``liveness.LivenessConfig``)."""
+
+    interval_s: float = Field(1.0, gt=0, description="probe period during a step")
+    probe_timeout_s: float = Field(3.0, gt=0, description="a server silent this long counts as down")
+    idle_s: float = Field(3.0, gt=0, description="live replicas idle this long: rows on a dead replica are cut")
+    replica_grace_s: float = Field(120.0, gt=0, description="the same when vLLM's load gauges cannot be read")
+    max_restarts: int = Field(3, ge=0, description="Gym restarts per run under on_server_down=restart")
+
+
 class NemoGymConfig(_Section):
     """The ``nemo_gym:`` section (see the module docstring for every key)."""
 
@@ -100,6 +112,10 @@ class NemoGymConfig(_Section):
     client: ClientSection = Field(default_factory=ClientSection)
     trajectory: TrajectorySection = Field(default_factory=TrajectorySection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    # A dead Gym server or vLLM replica (nemo_gym_adapter.liveness): its rows are masked `server_down` (mask), Gym
+    # is restarted before the next step (restart; only a Gym we started, else mask), or the run stops (fail).
+    on_server_down: Literal["mask", "restart", "fail"] = "restart"
+    liveness: LivenessSection = Field(default_factory=LivenessSection)
 
     @field_validator("config_overrides")
     @classmethod
