@@ -262,7 +262,7 @@ class RolloutClient:
                 result = await (guard.run(agent, work) if guard is not None else work)
                 if isinstance(result, str):
                     result = RolloutFailure(SERVER_DOWN, f"row {index} ({route.server}) cut: {result}")
-                elif guard is not None and isinstance(result, RolloutFailure) and result.reason == CONNECTION:
+                elif guard is not None and isinstance(result, RolloutFailure) and _infra(result):
                     why = await guard.confirm(agent)
                     if why is not None:
                         result = RolloutFailure(SERVER_DOWN, f"{result.detail}; {why}")
@@ -278,6 +278,11 @@ class RolloutClient:
         if isinstance(result, RolloutFailure):
             return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result)
         return RolloutOutcome(index, agent, route.server, latency, attempts[0], result=result)
+
+
+def _infra(failure: RolloutFailure) -> bool:
+    """A failure a dead server can explain (connection error, 5xx from a relay whose agent died): probe first."""
+    return failure.reason == CONNECTION or (failure.status is not None and failure.status >= 500)
 
 
 def _new_session(max_concurrency: int) -> aiohttp.ClientSession:
