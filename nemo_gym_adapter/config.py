@@ -26,6 +26,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       trajectory: {contiguity: mask, mask_on_failure_kind: false}
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
+      on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
+      liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
 
 Resolvers for the shipped configs (:func:`register_resolvers`; registered by ``recipe.nemo_gym.main``):
 ``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
@@ -80,6 +82,16 @@ class MetricsSection(_Section):
     gym_aggregate: bool = True
 
 
+class LivenessSection(_Section):
+    """``nemo_gym.liveness``: probing the Gym servers and vLLM replicas (``liveness.LivenessConfig``)."""
+
+    interval_s: float = Field(1.0, gt=0, description="probe period during a step")
+    probe_timeout_s: float = Field(3.0, gt=0, description="a server silent this long counts as down")
+    idle_s: float = Field(3.0, gt=0, description="live replicas idle this long: rows on a dead replica are cut")
+    replica_grace_s: float = Field(120.0, gt=0, description="the same when vLLM's load gauges cannot be read")
+    max_restarts: int = Field(3, ge=0, description="Gym restarts per run under on_server_down=restart")
+
+
 class NemoGymConfig(_Section):
     """The ``nemo_gym:`` section (see the module docstring for every key)."""
 
@@ -121,6 +133,10 @@ class NemoGymConfig(_Section):
         if sum(weights.values()) <= 0:
             raise ValueError(f"every weight is 0 ({weights}): at least one environment must be sampled")
         return weights
+    # A dead Gym server or vLLM replica (nemo_gym_adapter.liveness): its rows are masked `server_down` (mask), Gym
+    # is restarted before the next step (restart; only a Gym we started, else mask), or the run stops (fail).
+    on_server_down: Literal["mask", "restart", "fail"] = "restart"
+    liveness: LivenessSection = Field(default_factory=LivenessSection)
 
     @field_validator("config_overrides")
     @classmethod

@@ -27,6 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,9 @@ class GymServers(GymHead):
         self._launcher = launcher
         self.run_dir = run_dir
         self.startup_seconds: float | None = None
+        self.spec: GymLaunchSpec | None = None  # what start() ran (head port fixed), for restart()
+        self.restarts = 0
+        self.on_restart: list[Callable[[GymServers], None]] = []  # run after each restart (e.g. a new pid file)
 
     @classmethod
     def start(cls, spec: GymLaunchSpec) -> GymServers:
@@ -193,7 +197,37 @@ class GymServers(GymHead):
             raise
         launcher.remember_descendants()
         gym.startup_seconds = time.monotonic() - t0
+        gym.spec = spec.model_copy(update={"head_port": head_port, "run_dir": run_dir})
         return gym
+
+    def restart(self, drop_replicas: Sequence[str] = ()) -> None:
+        """Stop this Gym and start it again from the same spec, on the same head port (``head_url`` stays), its logs
+        in ``<run_dir>/restart<n>``. ``drop_replicas`` (``host:port``) leave ``policy_base_url``: Gym 0.7's model
+        proxy cannot stop routing to a dead vLLM replica otherwise. Restarts every server: Gym's launcher stops
+        all of them anyway within a minute of one dying. Raises ``GymServerError`` for an attached Gym, when no
+        replica would be left, or (as :meth:`start`) when the new Gym does not come up."""
+        if self._launcher is None or self.spec is None:
+            raise GymServerError(f"Gym at {self.head_url} was not started by us; it cannot be restarted")
+        spec = self.spec
+        keep = [u for u in spec.policy_base_url if urllib.parse.urlsplit(u).netloc not in set(drop_replicas)]
+        if not keep:
+            raise GymServerError(f"Gym at {self.head_url}: every vLLM replica is down ({list(drop_replicas)})")
+        self.restarts += 1
+        run_dir = (self.run_dir or paths.logs_dir() / "gym") / f"restart{self.restarts}"
+        self.stop()
+        new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}))
+        # run_dir stays the first one (pid file, sweep); the new launcher logs under restart<n>/.
+        self._launcher, self.spec, self._config = new._launcher, new.spec, None
+        self.head_url, self.startup_seconds = new.head_url, new.startup_seconds
+        logger.warning(
+            "Gym restarted (%d) in %.1fs at %s, replicas %s",
+            self.restarts,
+            new.startup_seconds or 0,
+            self.head_url,
+            keep,
+        )
+        for hook in self.on_restart:
+            hook(self)
 
     @classmethod
     def attach(cls, head_url: str, timeout: float = 60.0) -> GymServers:

@@ -32,6 +32,8 @@ except ImportError:  # pragma: no cover - optional speed-up, same results
     orjson = None  # type: ignore[assignment]  # a module or None: checked before each use
 
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.liveness import SERVER_DOWN as SERVER_DOWN  # a reason too: a server the row needs is dead
+from nemo_gym_adapter.liveness import StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.progress import RolloutProgress
 from nemo_gym_adapter.routing import GymRoutes, Route, Unroutable
@@ -55,7 +57,7 @@ class RolloutFailure:
     """Why one row produced no Gym result.
 
     ``reason`` is low-cardinality and safe to group by (``timeout``, ``connection``, ``http_<status>``,
-    ``bad_json``, ``unknown_agent``, ``ambiguous_agent``, ``client_error``); ``detail`` is the human-readable
+    ``bad_json``, ``unknown_agent``, ``ambiguous_agent``, ``client_error``, ``server_down``); ``detail`` is the human-readable
     occurrence (it names the server, URL and row); ``status`` is the HTTP status when the server answered.
     """
 
@@ -187,8 +189,12 @@ class RolloutClient:
         overrides: Mapping[str, Any] | None = None,
         desc: str = "Gym rollouts",
         on_outcome: OutcomeHook | None = None,
+        guard: StepGuard | None = None,
     ) -> list[RolloutOutcome]:
         """Run every row through its environment server's ``/run``; never raises for a single row's failure.
+
+        With a ``guard`` (:class:`liveness.StepGuard`), a row whose servers are (or go) down is not sent (or is cut)
+        and fails with reason ``server_down``; a connection error makes the guard probe at once.
 
         ``overrides`` are applied to each row's ``responses_create_params`` (e.g. ``temperature``, ``top_p``,
         ``max_output_tokens`` from the trainer's rollout config) on a copy. ``on_outcome`` sees each outcome the
@@ -199,7 +205,7 @@ class RolloutClient:
         slots = asyncio.Semaphore(self.config.max_concurrency)
 
         async def one(index: int, row: Mapping[str, Any], progress: RolloutProgress) -> RolloutOutcome:
-            outcome = await self._run_one(session, slots, index, row, overrides)
+            outcome = await self._run_one(session, slots, index, row, overrides, guard)
             progress.update(outcome)
             if on_outcome is not None:
                 done = on_outcome(outcome)
@@ -224,6 +230,7 @@ class RolloutClient:
         index: int,
         row: Mapping[str, Any],
         overrides: Mapping[str, Any] | None,
+        guard: StepGuard | None = None,
     ) -> RolloutOutcome:
         if not isinstance(row, Mapping):
             failure = RolloutFailure(CLIENT_ERROR, f"row {index} is a {type(row).__name__}, not a JSON object")
@@ -241,12 +248,24 @@ class RolloutClient:
             return RolloutOutcome(index, agent, route.server, 0.0, 0, failure=failure)
 
         attempts = [0]
+        down = guard.down_reason(agent) if guard is not None else None
+        if down is not None:
+            return RolloutOutcome(index, agent, route.server, 0.0, 0, failure=RolloutFailure(SERVER_DOWN, down))
         async with slots:  # the deadline starts once a slot is ours, not while queued behind other rows
             t0 = time.monotonic()
             try:
-                result = await asyncio.wait_for(
-                    post_with_retries(session, route, index, payload, attempts, self.config), self.config.timeout_s
+                on_error = guard.suspect if guard is not None else None
+                work = asyncio.wait_for(
+                    post_with_retries(session, route, index, payload, attempts, self.config, on_error),
+                    self.config.timeout_s,
                 )
+                result = await (guard.run(agent, work) if guard is not None else work)
+                if isinstance(result, str):
+                    result = RolloutFailure(SERVER_DOWN, f"row {index} ({route.server}) cut: {result}")
+                elif guard is not None and isinstance(result, RolloutFailure) and _infra(result):
+                    why = await guard.confirm(agent)
+                    if why is not None:
+                        result = RolloutFailure(SERVER_DOWN, f"{result.detail}; {why}")
             except asyncio.TimeoutError:
                 result = RolloutFailure(
                     TIMEOUT,
@@ -259,6 +278,11 @@ class RolloutClient:
         if isinstance(result, RolloutFailure):
             return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result)
         return RolloutOutcome(index, agent, route.server, latency, attempts[0], result=result)
+
+
+def _infra(failure: RolloutFailure) -> bool:
+    """A failure a dead server can explain (connection error, 5xx from a relay whose agent died): probe first."""
+    return failure.reason == CONNECTION or (failure.status is not None and failure.status >= 500)
 
 
 def _new_session(max_concurrency: int) -> aiohttp.ClientSession:
@@ -282,10 +306,12 @@ async def post_with_retries(
     payload: bytes,
     attempts: list[int],
     config: RolloutClientConfig,
+    on_connection_error: Callable[[], None] | None = None,
 ) -> dict[str, Any] | RolloutFailure:
     """The one retry point: resend on connection errors only, at most ``max_connection_retries`` times.
 
-    ``attempts[0]`` counts the sends (a list, so the caller still knows it when a deadline cancels this).
+    ``attempts[0]`` counts the sends (a list, so the caller still knows it when a deadline cancels this);
+    ``on_connection_error`` is told of each connection error (the liveness guard then probes at once).
     """
     cap = config.max_connection_retries
     while True:
@@ -299,6 +325,8 @@ async def post_with_retries(
             raise  # checked first: aiohttp's ServerTimeoutError is also a ClientConnectionError
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             # Refused, reset, or the server died mid-answer: no result exists, so resending is safe.
+            if on_connection_error is not None:
+                on_connection_error()
             if attempts[0] > cap:
                 return RolloutFailure(
                     CONNECTION,

@@ -28,6 +28,7 @@ its own event-loop thread (``loop_thread.LoopThread``), ``on_row`` running in th
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.liveness import Liveness, StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.metrics import compute_metrics
 from nemo_gym_adapter.rollout_client import RolloutClient, RolloutClientConfig, RolloutOutcome
@@ -85,6 +87,8 @@ class RolloutCore:
         client: HTTP knobs (concurrency, timeout, retries, progress bar).
         success_threshold: reward at or above which a sample counts as a success (default: reward > 0).
         metrics_prefix: first part of every metric key.
+        liveness: probes the servers before each step and during it (:mod:`nemo_gym_adapter.liveness`): rows bound
+            for a dead server become ``server_down`` rows, ``on_server_down`` may restart Gym or fail the step.
 
     Create it (or at least call :meth:`run_step` first) inside the event loop that will use it: the HTTP session
     belongs to that loop. ``async with`` or :meth:`aclose` closes it.
@@ -98,8 +102,10 @@ class RolloutCore:
         *,
         success_threshold: float | None = None,
         metrics_prefix: str = "gym",
+        liveness: Liveness | None = None,
     ) -> None:
         self.routes = routes
+        self.liveness = liveness
         self.trajectory = trajectory
         self.success_threshold = success_threshold
         self.metrics_prefix = metrics_prefix
@@ -144,7 +150,18 @@ class RolloutCore:
 
         t0 = time.perf_counter()
         sent = [_routed(row, env) for row, env in zip(rows, envs, strict=True)]
-        await self.client.run(sent, overrides=overrides, desc=desc, on_outcome=row_done)
+        if self.liveness is None:
+            await self.client.run(sent, overrides=overrides, desc=desc, on_outcome=row_done)
+        else:
+            guard = await self._before_step()
+            watch = asyncio.ensure_future(guard.watch())
+            try:
+                await self.client.run(sent, overrides=overrides, desc=desc, on_outcome=row_done, guard=guard)
+            finally:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
+            if guard.error is not None:
+                raise guard.error
         rollout_s = time.perf_counter() - t0
         done_rows = [row for row in results if row is not None]
         if len(done_rows) != len(rows):  # the client yields one outcome per row; anything else is a bug
@@ -154,11 +171,23 @@ class RolloutCore:
         )
         timings = {"rollout_s": rollout_s, "rollouts_per_s": len(rows) / rollout_s if rollout_s > 0 else 0.0}
         metrics.update({f"{self.metrics_prefix}/timing/{k}": v for k, v in timings.items()})
+        if self.liveness is not None:
+            metrics[f"{self.metrics_prefix}/liveness/restarts"] = float(self.liveness.restarts)
         return StepResult(rows=done_rows, metrics=metrics, timings=timings)
 
+    async def _before_step(self) -> StepGuard:
+        """The pre-step check (which may restart Gym: then the step uses the new routes) and the step's guard."""
+        assert self.liveness is not None
+        routes, dead = await self.liveness.before_step()
+        if routes is not None:
+            self.routes = self.client.routes = routes
+        return self.liveness.guard(dead)
+
     async def aclose(self) -> None:
-        """Close the HTTP session (idempotent)."""
+        """Close the HTTP sessions (idempotent)."""
         await self.client.close()
+        if self.liveness is not None:
+            await self.liveness.aclose()
 
     async def __aenter__(self) -> RolloutCore:
         return self

@@ -15,7 +15,7 @@ One row (:func:`build_trajectory`): the model calls of ``response.output`` (item
 Masked samples (never dropped; reward 0; ``masked_reason`` says why; see :class:`MaskReason`): Gym's
 ``mask_sample``; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
 ``mask_sample`` and e.g. ``nemo_user_sim`` names a kind on valid zero-reward samples); client failures (timeout,
-request failed, unroutable); unparseable results; context overflow (a model call without ids plus
+request failed, unroutable, server down); unparseable results; context overflow (a model call without ids plus
 ``incomplete_details``); model calls without ids; no model call; non-contiguous history (``contiguity="mask"``;
 ``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
 :class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
@@ -52,6 +52,7 @@ class MaskReason(str, enum.Enum):
     TIMEOUT = "timeout"  # the client gave up waiting for /run
     REQUEST_FAILED = "request_failed"  # connection error, HTTP error answer, undecodable body, client error
     UNROUTABLE = "unroutable"  # the row names no agent the running Gym serves
+    SERVER_DOWN = "server_down"  # a server the row needs (agent, resources, model, vLLM replica) was dead
     INVALID_RESULT = "invalid_result"  # /run answered with something that is not a valid result
     CONTEXT_OVERFLOW = "context_overflow"  # vLLM refused the prompt: a call without ids + incomplete_details
     MISSING_TOKEN_IDS = "missing_token_ids"  # a model call without ids (model server not in training mode?)
@@ -66,6 +67,7 @@ _CLIENT_REASONS = {
     "timeout": MaskReason.TIMEOUT,
     "unknown_agent": MaskReason.UNROUTABLE,
     "ambiguous_agent": MaskReason.UNROUTABLE,
+    "server_down": MaskReason.SERVER_DOWN,
 }
 
 

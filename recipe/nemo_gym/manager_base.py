@@ -12,7 +12,8 @@ the v1 trainer in ``main_ppo.init_agent_loop_manager``. :class:`GymManagerBase` 
    pad id and the engine probe's token ids;
 4. start NeMo Gym with the replicas as its policy (:func:`gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
    launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright;
-5. build the trainer-agnostic :class:`~nemo_gym_adapter.rollout_core.RolloutCore` over the running Gym.
+5. build the trainer-agnostic :class:`~nemo_gym_adapter.rollout_core.RolloutCore` over the running Gym, with its
+   liveness check (``nemo_gym.on_server_down``; :mod:`nemo_gym_adapter.liveness`).
 
 verl's own AgentLoopWorkers are never started: Gym is the agent. :meth:`GymManagerBase.shutdown` (idempotent, never
 raises for cleanup errors) undoes what start-up did, newest first; it runs from the recipe's TaskRunner on success
@@ -44,6 +45,7 @@ from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
 from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
 from nemo_gym_adapter.rollout_client import RolloutClientConfig
 from nemo_gym_adapter.rollout_core import RolloutCore
@@ -123,6 +125,7 @@ class GymManagerBase:
             trajectory_config(self.recipe, self.max_model_len),
             client_config(self.recipe.gym),
             success_threshold=self.recipe.gym.metrics.success_threshold,
+            liveness=Liveness.for_gym(self.gym, liveness_config(self.recipe.gym)),
         )
         self.setup_seconds = {"find_and_patch_s": t1 - t0, "gym_start_s": t2 - t1, "total_s": time.perf_counter() - t0}
         atexit.register(self.shutdown)
@@ -147,6 +150,7 @@ class GymManagerBase:
         started = GymServers.start(gym_launch_spec(gym, urls, model_name, host=self.gym_host.host))
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
+        started.on_restart.append(write_pid_file)
         return started
 
     def on_shutdown(self, what: str, cleanup: Callable[[], None]) -> None:
@@ -297,6 +301,11 @@ def client_config(gym: NemoGymConfig) -> RolloutClientConfig:
         progress=c.progress,
         key_prefix="nemo_gym.client",
     )
+
+
+def liveness_config(gym: NemoGymConfig) -> LivenessConfig:
+    """``nemo_gym.on_server_down`` and ``nemo_gym.liveness``."""
+    return LivenessConfig(on_server_down=gym.on_server_down, **gym.liveness.model_dump())
 
 
 def write_pid_file(gym: GymServers) -> None:

@@ -10,6 +10,7 @@ The fault tests break that Gym, so they run last in this module.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -17,7 +18,6 @@ import re
 import shutil
 import signal
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +28,7 @@ import pytest
 from nemo_gym_adapter.rollout_client import (
     BlockingRolloutClient,
     GymRoutes,
+    RolloutClient,
     RolloutClientConfig,
     RolloutOutcome,
     apply_overrides,
@@ -175,12 +176,6 @@ def _answers(url: str, timeout: float = 3) -> bool:
         return False
 
 
-def _run_in_background(client: BlockingRolloutClient, rows, overrides, out: list[RolloutOutcome]) -> threading.Thread:
-    thread = threading.Thread(target=lambda: out.extend(client.run(rows, overrides=overrides)), daemon=True)
-    thread.start()
-    return thread
-
-
 def _requests_running(vllm_server) -> float:
     """vLLM's own count of requests being generated right now (its Prometheus gauge)."""
     base = vllm_server.base_url.removesuffix("/v1")
@@ -202,35 +197,17 @@ def long_answer(row: dict[str, Any], tokens: int = 100) -> dict[str, Any]:
     return {**row, "responses_create_params": params}
 
 
-class _DownWatch:
-    """Records when Gym stops answering (head or one environment server), polling in a thread."""
+def test_killed_agent_server_mid_batch_gives_server_down_records_not_a_hang(gym, routes, server_pids, vllm_server):
+    """SIGKILL string_match's agent while all its rows are being generated.
 
-    def __init__(self, *urls: str) -> None:
-        self.down_at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(urls,), daemon=True)
-        self._thread.start()
-
-    def _watch(self, urls: tuple[str, ...]) -> None:
-        while not self._stop.is_set() and self.down_at is None:
-            if not all(_answers(url, timeout=1) for url in urls):
-                self.down_at = time.monotonic()
-            self._stop.wait(0.2)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-def test_killed_agent_server_mid_batch_gives_failure_records_not_a_hang(gym, routes, server_pids, vllm_server):
-    """SIGKILL string_match's agent while its rows are being generated.
-
-    Gym's legacy_agent relay retries a dead agent forever, so those rows end at our deadline as ``timeout``
-    records (or ``connection``/``http_5xx`` if the relay itself goes). Gym's launcher checks its children once a
-    minute and then shuts the whole Gym down, so the other environment's rows must succeed unless they finished
-    after Gym stopped answering.
+    Gym's legacy_agent relay retries a dead agent forever; the liveness guard (``nemo_gym_adapter.liveness``) sees
+    the agent die and cuts its rows as ``server_down`` within about a probe interval. Deterministic: the kill waits
+    until vLLM generates every string_match row (forced 100-token answers), and a tool-env row may end
+    ``server_down`` only if Gym's launcher -- which polls its children once a minute and then stops every server --
+    is gone by the end of the batch.
     """
-    timeout_s = 30.0
+    from nemo_gym_adapter.liveness import Liveness, LivenessConfig
+
     tool = [
         {
             **r,
@@ -241,32 +218,38 @@ def test_killed_agent_server_mid_batch_gives_failure_records_not_a_hang(gym, rou
     ]
     match = [{**long_answer(r), "agent_ref": MATCH_AGENT} for r in example_rows(MATCH_ENV)]
     rows = [r for pair in zip(tool, match, strict=True) for r in pair]  # interleaved environments
-    config = RolloutClientConfig(max_concurrency=len(rows), timeout_s=timeout_s, progress=False)
-    tool_env_url = routes.servers_by_agent[TOOL_AGENT][0].base_url
-    outcomes: list[RolloutOutcome] = []
-    with BlockingRolloutClient(routes, config) as client:
-        t0 = time.monotonic()
-        thread = _run_in_background(client, rows, {"temperature": 1.0}, outcomes)
-        while _requests_running(vllm_server) < len(match) and time.monotonic() - t0 < timeout_s / 2:
-            time.sleep(0.05)
-        _kill_tree(server_pids[MATCH_AGENT])
-        watch = _DownWatch(f"{gym.head_url}/health", f"{tool_env_url}/docs")
-        thread.join(timeout_s * 3)
-        wall = time.monotonic() - t0
-        watch.stop()
-    assert not thread.is_alive(), "the batch hung after an agent server died"
-    assert wall < timeout_s * 2
-    assert len(outcomes) == len(rows) and [o.index for o in outcomes] == list(range(len(rows)))
+    config = RolloutClientConfig(max_concurrency=len(rows), timeout_s=600, progress=False)
+    liveness = Liveness.for_gym(gym, LivenessConfig(on_server_down="mask", interval_s=0.5))
 
-    killed_failures = [o.failure for o in outcomes if o.agent == MATCH_AGENT and not o.ok]
-    assert killed_failures, "no string_match row failed although its agent was killed mid-generation"
-    for failure in killed_failures:
-        assert failure.reason in {"timeout", "connection"} or failure.reason.startswith("http_5"), failure
-        assert f"{MATCH_ENV}_environment_server" in failure.detail
+    async def batch() -> tuple[list[RolloutOutcome], float, float]:
+        loop = asyncio.get_running_loop()
+        guard = liveness.guard()
+        watch = asyncio.ensure_future(guard.watch())
+        client = RolloutClient(routes, config)
+        run = asyncio.ensure_future(client.run(rows, {"temperature": 1.0}, guard=guard))
+        try:
+            while await asyncio.to_thread(_requests_running, vllm_server) < len(match):
+                assert not run.done(), "the batch ended before every string_match row was in flight"
+                await asyncio.sleep(0.05)
+            _kill_tree(server_pids[MATCH_AGENT])
+            killed_at = loop.time()
+            outcomes = await asyncio.wait_for(run, 120)
+            return outcomes, killed_at, loop.time()
+        finally:
+            watch.cancel()
+            await client.close()
+            await liveness.aclose()
+
+    outcomes, killed_at, ended_at = asyncio.run(batch())
+    assert ended_at - killed_at < 30, f"the batch waited {ended_at - killed_at:.0f}s after the kill"
+    assert len(outcomes) == len(rows) and [o.index for o in outcomes] == list(range(len(rows)))
+    launcher_gone = not gym._launcher.alive()
     for o in outcomes:
-        if o.agent == TOOL_AGENT and not o.ok:
-            # Only acceptable if it ended after Gym's launcher began shutting everything down.
-            assert watch.down_at is not None and t0 + o.latency_s >= watch.down_at - 1, o.failure
+        if o.agent == MATCH_AGENT:  # all were being generated at the kill
+            assert not o.ok and o.failure.reason == "server_down", o.failure
+            assert f"agent server '{MATCH_AGENT}'" in o.failure.detail
+        elif not o.ok:
+            assert launcher_gone and o.failure.reason == "server_down", o.failure
 
 
 def test_killed_environment_server_gives_connection_failures_after_capped_retries(routes, server_pids):

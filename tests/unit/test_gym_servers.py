@@ -45,6 +45,26 @@ def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tm
     assert _alive(pids) == []
 
 
+def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fake_gym_venv, tmp_path):
+    spec = fake_spec(fake_gym_venv, tmp_path, policy_base_url=["127.0.0.1:9", "127.0.0.1:10"])
+    with GymServers.start(spec) as gym:
+        head, old = gym.head_url, gym.pids()
+        seen: list[int] = []
+        gym.on_restart.append(lambda g: seen.append(g.restarts))
+        gym.restart(drop_replicas=["127.0.0.1:10"])
+        assert gym.head_url == head and gym.restarts == 1 and seen == [1]
+        assert _alive(old) == [] and gym.pids()
+        cfg = gym.global_config()
+        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
+        assert (tmp_path / "run" / "restart1" / "gym.log").exists() and gym.run_dir == tmp_path / "run"
+        with pytest.raises(GymServerError, match="every vLLM replica is down"):
+            gym.restart(drop_replicas=["127.0.0.1:9"])
+        new = gym.pids()
+    assert _alive(new) == []
+    with pytest.raises(GymServerError, match="not started by us"):
+        GymServers(head).restart()
+
+
 def test_crashed_server_is_named_with_log_tail(fake_gym_venv, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_GYM_MODE", "crash")
     t0 = time.monotonic()
