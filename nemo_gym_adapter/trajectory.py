@@ -342,7 +342,7 @@ def build_trajectory(
     response = (last.prompt_token_ids[base:] + last.generation_token_ids)[:end]
     logprobs = list(itertools.chain.from_iterable(c.generation_log_probs for c in kept))[:n_sampled]
     return Trajectory(
-        prompt_ids=_frozen(first_prompt, np.int64),
+        prompt_ids=kept_prompt,  # = first_prompt here: it fits prompt_length (checked above)
         response_ids=_frozen(response, np.int64),
         sampled_spans=tuple(spans),
         sampled_logprobs=_frozen(logprobs, np.float32),
