@@ -67,8 +67,27 @@ def bench_ours(base_url: str, model: str, ray_address: str | None, with_run: boo
         config_overrides={} if with_run else NO_MODEL_WAIT,
     )
     with GymServers.start(spec) as gym:
+        CPU_SECONDS.append(_cpu_seconds(gym.pids()))
         run_s = _post_run(gym.run_url(SINGLE_TOOL_CALL_AGENT)) if with_run else None
         return gym.startup_seconds, run_s
+
+
+CPU_SECONDS: list[float] = []  # per start of ours/ray-up: CPU seconds Gym's live processes had used when ready
+
+
+def _cpu_seconds(pids: set[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (Gym's launcher, servers, Ray helpers): the work a spin-up needs,
+    which bounds its wall time from below at (CPU seconds / cores) whatever the readiness check does."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
 
 
 def bench_by_hand(base_url: str, model: str) -> float:
@@ -188,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
             )
     if runs:
         print(f"  one /run (tiny model, 16 tokens): median {statistics.median(runs):.2f} s")
+    if CPU_SECONDS:
+        cpu = statistics.median(CPU_SECONDS)
+        print(
+            f"  CPU seconds Gym's processes used to get ready (ours, ray-up): {cpu:.1f} "
+            f"({min(CPU_SECONDS):.1f}-{max(CPU_SECONDS):.1f}) = at least {cpu / (os.cpu_count() or 1):.1f} s "
+            f"on {os.cpu_count()} idle cores"
+        )
     if load_seen:
         lo, med, hi = min(load_seen), statistics.median(load_seen), max(load_seen)
         print(f"  load average (1 min) at each start: {med:.1f} ({lo:.1f}-{hi:.1f}) on {os.cpu_count()} cores")
