@@ -43,7 +43,7 @@ from bench_rollout_client import bench_rows, run_gym  # noqa: E402  (the same ro
 
 # Runs in the trainer's venv (fresh process per round): the adapter's whole step, timed in pieces.
 _OURS_STEP = r"""
-import json, sys, time
+import gc, json, sys, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["repo"])
 import torch
@@ -59,9 +59,19 @@ rows = [json.loads(line) for line in open(args["rows"])]
 envs = [row["agent_ref"]["name"].removesuffix("_simple_agent") for row in rows]
 P, R = args["prompt_length"], args["response_length"]
 
+gc_s = [0.0]  # CPU seconds in the cyclic garbage collector (whichever thread ran it), part of cpu_s below
+
+def _gc_clock(phase, info, _t=[0.0]):
+    if phase == "start":
+        _t[0] = time.thread_time()
+    else:
+        gc_s[0] += time.thread_time() - _t[0]
+
+gc.callbacks.append(_gc_clock)
+
 def main():
     # verl's legacy manager: the core on its own event-loop thread, called synchronously (BlockingRolloutCore).
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0, gc_s[0] = time.perf_counter(), time.process_time(), 0.0
     routes = GymRoutes.fetch_blocking(args["head_url"])
     client = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)
     core = RolloutCore(routes, TrajectoryConfig(prompt_length=P, response_length=R), client)
@@ -78,7 +88,7 @@ def main():
     t2, c2 = time.perf_counter(), time.process_time()
     trajs = step.trajectories
     return {
-        "n": len(trajs), "wall_s": t1 - t0, "cpu_s": c1 - c0, "pad_s": t2 - t1, "pad_cpu_s": c2 - c1,
+        "n": len(trajs), "wall_s": t1 - t0, "cpu_s": c1 - c0, "pad_s": t2 - t1, "pad_cpu_s": c2 - c1, "gc_s": gc_s[0],
         "ok": sum(r.outcome.ok for r in step.rows), "masked": sum(t.masked for t in trajs),
         "tokens": int(batch.tensors["attention_mask"].sum()),
         "reasons": sorted({t.masked_reason.value for t in trajs if t.masked_reason}),
@@ -277,6 +287,7 @@ def report(
             f"  {batch:>5} rollouts: ratio ours/Gym {spread(ratios)}x  (goal >= 1.3 on a quiet machine); "
             f"adapter share {spread([100 * share(r['ours']) for r in rs])} %  (goal <= 2 %); "
             f"padding {spread([1000 * r['ours']['pad_s'] for r in rs], '{:.1f}')} ms wall; "
+            f"cyclic GC {spread([1000 * r['ours']['gc_s'] for r in rs], '{:.0f}')} ms of our CPU; "
             f"ours {spread([rate(r['ours']) for r in rs], '{:.1f}')}/s, Gym {spread([rate(r['gym']) for r in rs], '{:.1f}')}/s"
         )
     print(
