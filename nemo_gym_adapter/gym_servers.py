@@ -4,7 +4,9 @@ Gym runs in its own venv (``paths.gym_venv()``) as ``<gym venv>/bin/gym env star
 starts a Ray cluster (Gym always calls ``ray.init``), a head server thread and one subprocess per configured server.
 We never import ``nemo_gym`` (it rewrites ``sys.path``, ``HF_HOME`` and ``builtins.print``); everything after the
 launch is HTTP against the head server: ``/health`` (200 only once every server and model endpoint answers),
-``/server_instances`` and ``/global_config_dict_yaml``.
+``/server_instances`` and ``/global_config_dict_yaml``. :meth:`GymServers.start` returns as soon as that condition
+holds (every instance and model endpoint answers), checked whenever Gym's log announces a server, instead of waiting
+for the head's flag, which Gym's launcher sets after its own fixed 3 s polling rounds (``GymServers._serves``).
 
     with GymServers.start(GymLaunchSpec(config_paths=[...], policy_base_url=["127.0.0.1:8000"],
                                         policy_model_name="m")) as gym:
