@@ -121,6 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--omp-threads", default="1", help="OMP_NUM_THREADS per replica (default 1: N replicas, 2 cores)")
     p.add_argument("--json", action="store_true", help="also print every number as one JSON line")
     p.add_argument("--profile", action="store_true", help="after the rounds, one profiled round of ours (stderr)")
+    p.add_argument("--ab-env", metavar="NAME=VALUE", help="each round also runs ours with this environment variable")
     args = p.parse_args(argv)
     if min(args.replicas, args.rounds, args.concurrency, args.max_output_tokens, *args.batch) < 1:
         p.error("--replicas, --rounds, --concurrency, --max-output-tokens and --batch must be >= 1")
@@ -165,7 +166,7 @@ def requests_served(base_url: str) -> int | None:
 
 
 def run_ours(
-    head_url: str, rows_path: Path, args: argparse.Namespace, workdir: Path, profile: bool = False
+    head_url: str, rows_path: Path, args: argparse.Namespace, workdir: Path, profile: bool = False, ab: bool = False
 ) -> dict[str, Any]:
     from bench_rollout_client import _run_snippet
 
@@ -173,7 +174,11 @@ def run_ours(
     payload |= {"profile": profile}
     payload |= {"concurrency": args.concurrency, "prompt_length": args.prompt_length}
     payload |= {"response_length": args.response_length}
-    return _run_snippet(Path(sys.executable), _OURS_STEP, payload, dict(os.environ), workdir, "our step")
+    env = dict(os.environ)
+    if ab:
+        name, _, value = args.ab_env.partition("=")
+        env[name] = value
+    return _run_snippet(Path(sys.executable), _OURS_STEP, payload, env, workdir, "our step")
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -220,9 +225,10 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.rounds):
                 got: dict[str, Any] = {"batch": batch, "round": i + 1}
                 loads.append(os.getloadavg()[0])
-                for who in ("ours", "gym") if i % 2 == 0 else ("gym", "ours"):
-                    if who == "ours":
-                        got["ours"] = run_ours(gym.head_url, rows_path, args, workdir)
+                order = ["ours", "gym"] + (["ours_ab"] if args.ab_env else [])
+                for who in order if i % 2 == 0 else order[::-1]:
+                    if who.startswith("ours"):
+                        got[who] = run_ours(gym.head_url, rows_path, args, workdir, ab=who == "ours_ab")
                     else:
                         got["gym"] = run_gym(gym_python, gym.head_url, rows_path, args.concurrency, workdir)
                 got["load"] = os.getloadavg()[0]
@@ -290,6 +296,20 @@ def report(
             f"cyclic GC {spread([1000 * r['ours']['gc_s'] for r in rs], '{:.0f}')} ms of our CPU; "
             f"ours {spread([rate(r['ours']) for r in rs], '{:.1f}')}/s, Gym {spread([rate(r['gym']) for r in rs], '{:.1f}')}/s"
         )
+    if args.ab_env:
+        print(f"  A/B, ours with {args.ab_env} (same rounds):")
+        for batch in args.batch:
+            rs = [r for r in rounds if r["batch"] == batch]
+            print(
+                f"    {batch:>5} rollouts: share {spread([100 * share(r['ours']) for r in rs])} % -> "
+                f"{spread([100 * share(r['ours_ab']) for r in rs])} %; our CPU "
+                f"{spread([r['ours']['cpu_s'] + r['ours']['pad_cpu_s'] for r in rs])} s -> "
+                f"{spread([r['ours_ab']['cpu_s'] + r['ours_ab']['pad_cpu_s'] for r in rs])} s; GC "
+                f"{spread([1000 * r['ours']['gc_s'] for r in rs], '{:.0f}')} ms -> "
+                f"{spread([1000 * r['ours_ab']['gc_s'] for r in rs], '{:.0f}')} ms; rollouts/s "
+                f"{spread([rate(r['ours']) for r in rs], '{:.1f}')} -> "
+                f"{spread([rate(r['ours_ab']) for r in rs], '{:.1f}')}"
+            )
     print(
         f"  load average (1 min) during the run: {spread(loads, '{:.1f}')} on {os.cpu_count()} cores "
         f"(the bench's own replicas, Gym and clients included); before it started: {idle_load:.1f}"
