@@ -4,7 +4,9 @@ Gym runs in its own venv (``paths.gym_venv()``) as ``<gym venv>/bin/gym env star
 starts a Ray cluster (Gym always calls ``ray.init``), a head server thread and one subprocess per configured server.
 We never import ``nemo_gym`` (it rewrites ``sys.path``, ``HF_HOME`` and ``builtins.print``); everything after the
 launch is HTTP against the head server: ``/health`` (200 only once every server and model endpoint answers),
-``/server_instances`` and ``/global_config_dict_yaml``.
+``/server_instances`` and ``/global_config_dict_yaml``. :meth:`GymServers.start` returns as soon as that condition
+holds (every instance and model endpoint answers), checked whenever Gym's log announces a server, instead of waiting
+for the head's flag, which Gym's launcher sets after its own fixed 3 s polling rounds (``GymServers._serves``).
 
     with GymServers.start(GymLaunchSpec(config_paths=[...], policy_base_url=["127.0.0.1:8000"],
                                         policy_model_name="m")) as gym:
@@ -276,22 +278,118 @@ class GymServers(GymHead):
 
     # ------------------------------------------------------------------ readiness
     def _wait_ready(self, deadline: float, spec: GymLaunchSpec) -> None:
+        """Return once Gym can serve rollouts (:meth:`_serves`); probes run when Gym's log says a server came up."""
         launcher = self._launcher
         assert launcher is not None  # only start() waits
+        log = _LogEvents(launcher.log_path)
         while True:
             if not launcher.alive():
                 raise _start_failure(
                     self, launcher, f"exited with code {launcher.popen.returncode} before becoming ready"
                 )
-            try:
-                status, _ = _http(f"{self.head_url}/health", timeout=3.0)
-                if status == 200 and not self.unready_instances():
-                    return
-            except OSError:
-                pass
+            if self._serves(spec):
+                return
             if time.monotonic() > deadline:
                 raise _start_failure(self, launcher, f"not ready after {spec.startup_timeout_s:.0f}s", spec)
-            time.sleep(0.5)
+            log.wait(min(_FALLBACK_PROBE_S, max(0.0, deadline - time.monotonic())))
+
+    def _serves(self, spec: GymLaunchSpec) -> bool:
+        """Gym's own readiness condition, checked by us as soon as it may hold.
+
+        Gym's launcher marks its head ready (``/health`` 200) once every server instance answers HTTP and every model
+        endpoint answers, but it checks on a fixed 3 s cadence (and 3 s for the head itself). The same condition,
+        read from the head's ``/server_instances`` and the config's model ``base_url``s, holds up to a few seconds
+        earlier; nothing in a rollout depends on the head's flag. With Gym's model wait switched off
+        (``model_endpoint_readiness_timeout_seconds <= 0``) only Gym's own ``/health`` counts.
+        """
+        try:
+            status, _ = _http(f"{self.head_url}/health", timeout=3.0)
+        except OSError:
+            return False  # the head server itself is not up yet
+        if status == 200:
+            return not self.unready_instances()
+        if float(spec.config_overrides.get("model_endpoint_readiness_timeout_seconds", 1)) <= 0:
+            return False
+        try:
+            instances = self.server_instances()
+        except (OSError, GymServerError):
+            return False
+        # Gym publishes the instance list once every server process is spawned; before that it is empty.
+        if not instances or any(not _answers(inst.url) for inst in instances.values()):
+            return False
+        try:
+            endpoints = model_endpoints(self.global_config())
+        except (OSError, GymServerError):
+            return False
+        return bool(endpoints) and all(_answers(_probe_url(url)) for url in endpoints)
+
+
+# Without a log line that announces a server, probe this often anyway (a quiet server, another log format).
+_FALLBACK_PROBE_S = 1.0
+# What Gym's launcher log says when something became reachable: uvicorn binding (head and every server, whose
+# output Gym copies into the launcher's stdout) and Gym's own "All N / N servers ready!".
+_READY_MARKERS = (b"Uvicorn running on", b"servers ready")
+
+
+class _LogEvents:
+    """Wake up when Gym's launcher log announces a server (:data:`_READY_MARKERS`), not on a fixed cadence.
+
+    Reads only the bytes appended since the last look (a ``stat`` every 20 ms while waiting): our own probes make
+    the head log access lines, which must not count as events, so only the markers do.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self._carry = b""
+
+    def wait(self, timeout: float) -> bool:
+        """True as soon as a marker is appended (or was, since the last call); False after ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            if self._marker_appended():
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+
+    def _marker_appended(self) -> bool:
+        try:
+            size = self.path.stat().st_size
+            if size <= self.offset:
+                return False
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read(size - self.offset)
+        except OSError:
+            return False
+        self.offset += len(chunk)
+        text, self._carry = self._carry + chunk, chunk[-64:]  # a marker split across two reads is still seen
+        return any(marker in text for marker in _READY_MARKERS)
+
+
+def model_endpoints(config: dict[str, Any]) -> list[str]:
+    """The model ``base_url``s Gym waits for before it calls itself ready (every ``responses_api_models`` block's
+    ``*base_url`` keys, a string or a list), deduplicated, in config order."""
+    urls: list[str] = []
+    for block in config.values():
+        models = block.get("responses_api_models") if isinstance(block, dict) else None
+        if not isinstance(models, dict):
+            continue
+        for server in models.values():
+            if not isinstance(server, dict):
+                continue
+            for key, value in server.items():
+                if str(key).endswith("base_url"):
+                    for url in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+                        if isinstance(url, str) and url and url.rstrip("/") not in urls:
+                            urls.append(url.rstrip("/"))
+    return urls
+
+
+def _probe_url(base_url: str) -> str:
+    """What Gym GETs to see a model endpoint answer: ``<base>/models`` for an OpenAI ``/v1`` URL, else the URL."""
+    return f"{base_url}/models" if base_url.endswith("/v1") else base_url
 
 
 def _connect_host(host: str) -> str:

@@ -9,6 +9,7 @@ refused; a caller interrupted while waiting (``KeyboardInterrupt``) cancels the 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -16,6 +17,24 @@ from typing import Any, TypeVar
 from nemo_gym_adapter.errors import AdapterError
 
 T = TypeVar("T")
+
+UVLOOP_ENV = "NGV_UVLOOP"  # "0": the stdlib event loop even where uvloop is installed
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop when it is installed (vLLM depends on it; about half the CPU per HTTP request of the
+    stdlib loop, measured by ``scripts/bench_rollout_scale.py``), else asyncio's; ``NGV_UVLOOP=0`` forces asyncio's.
+    """
+    if os.environ.get(UVLOOP_ENV, "1") != "0":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 F = TypeVar("F", bound="BlockingFacade")
 
 
@@ -24,7 +43,7 @@ class LoopThread:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
         self._closed = False

@@ -65,7 +65,9 @@ FAKE_GYM = textwrap.dedent(
             else:
                 self._send(404, {})
 
-    ThreadingHTTPServer((host, port), H).serve_forever()
+    server = ThreadingHTTPServer((host, port), H)
+    print(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)", flush=True)
+    server.serve_forever()
     """
 )
 

@@ -87,6 +87,76 @@ def test_never_ready_times_out_naming_the_model_endpoint(fake_gym_venv, tmp_path
     assert _alive(_fake_gym_pids(tmp_path)) == []
 
 
+class _Models(BaseHTTPRequestHandler):
+    """A model endpoint: answers anything (Gym only needs an HTTP answer from ``<base_url>/models``)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
+def test_ready_when_every_server_and_model_answers_before_gyms_own_flag(fake_gym_venv, tmp_path, monkeypatch):
+    """Gym's head says 503 for 60 s (its fixed-cadence wait), but every instance and the model endpoint answer: we
+    are ready at once. The control: with Gym's model wait off, only Gym's own /health counts (timeout)."""
+    monkeypatch.setenv("FAKE_GYM_DELAY", "60")
+    models = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    threading.Thread(target=models.serve_forever, daemon=True).start()
+    try:
+        url = f"127.0.0.1:{models.server_address[1]}"
+        with GymServers.start(fake_spec(fake_gym_venv, tmp_path, policy_base_url=[url])) as gym:
+            assert gym.startup_seconds is not None and gym.startup_seconds < 15
+        overrides = {"model_endpoint_readiness_timeout_seconds": 0}
+        with pytest.raises(GymServerError, match="not ready after 3s"):
+            GymServers.start(
+                fake_spec(
+                    fake_gym_venv, tmp_path, policy_base_url=[url], config_overrides=overrides, startup_timeout_s=3
+                )
+            )
+    finally:
+        models.shutdown()
+
+
+def test_log_events_wake_on_a_server_announcement_only(tmp_path):
+    from nemo_gym_adapter.gym_servers import _LogEvents
+
+    log = tmp_path / "gym.log"
+    log.write_bytes(b"")
+    events = _LogEvents(log)
+    with open(log, "ab") as f:
+        f.write(b'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
+    assert events.wait(0.1) is False  # our own probes' access lines are not events
+
+    def announce():
+        time.sleep(0.3)
+        with open(log, "ab") as f:
+            f.write(b"(policy_model) INFO:     Uvicorn run")
+            f.flush()
+            time.sleep(0.1)
+            f.write(b"ning on http://127.0.0.1:5 (Press CTRL+C to quit)\n")
+
+    threading.Thread(target=announce).start()
+    t0 = time.monotonic()
+    assert events.wait(5) is True  # split across two writes, still seen
+    assert time.monotonic() - t0 < 2
+
+
+def test_model_endpoints_mirror_gyms_list():
+    from nemo_gym_adapter.gym_servers import model_endpoints
+
+    cfg = {
+        "policy_model": {"responses_api_models": {"vllm_model": {"base_url": ["http://a:1/v1/", "http://b:2/v1"]}}},
+        "judge": {"responses_api_models": {"openai_model": {"openai_base_url": "http://a:1/v1", "port": 3}}},
+        "env": {"resources_servers": {"x": {"base_url": "http://not-a-model"}}},
+        "policy_base_url": "http://ignored/v1",
+    }
+    assert model_endpoints(cfg) == ["http://a:1/v1", "http://b:2/v1"]
+
+
 def _fake_gym_pids(tmp_path: Path) -> list[int]:
     """Processes still running FakeGym code from this test's venv (scoped to tmp_path, so only ours)."""
     out = []

@@ -50,3 +50,20 @@ def test_close_runs_the_last_coroutine_first():
 
     loop.close(last())
     assert done == [True]
+
+
+def test_event_loop_is_uvloop_where_installed_unless_switched_off(monkeypatch):
+    from nemo_gym_adapter.loop_thread import UVLOOP_ENV, new_event_loop
+
+    uvloop = pytest.importorskip("uvloop")  # vLLM depends on it, so the trainer venv has it
+    loop = new_event_loop()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+    monkeypatch.setenv(UVLOOP_ENV, "0")
+    loop = new_event_loop()
+    try:
+        assert not isinstance(loop, uvloop.Loop) and isinstance(loop, asyncio.AbstractEventLoop)
+    finally:
+        loop.close()

@@ -104,3 +104,44 @@ def test_blocking_core_from_sync_code_with_a_sync_callback(fake_server):
         step = core.run_step([gym_row(0), gym_row(1)], ["agent_a"] * 2, on_row=lambda row: seen.append(row.index))
         again = core.run_step([gym_row(2)], ["agent_a"])
     assert sorted(seen) == [0, 1] and len(step.rows) == 2 and again.rows[0].outcome.result is not None
+
+
+async def test_opt_in_gc_pause_while_results_arrive_is_restored_after(fake_server, monkeypatch):
+    import gc
+
+    from nemo_gym_adapter.rollout_core import GC_PAUSE_ENV
+
+    seen: list[bool] = []
+    async with core_for(fake_server) as core:
+        await core.run_step([gym_row(0)], ["agent_a"], on_row=lambda r: seen.append(gc.isenabled()))
+        monkeypatch.setenv(GC_PAUSE_ENV, "1")
+        await core.run_step(
+            [gym_row(i) for i in range(2)], ["agent_a"] * 2, on_row=lambda r: seen.append(gc.isenabled())
+        )
+        assert seen == [True, False, False] and gc.isenabled()
+
+        def boom(row: RowResult) -> None:
+            raise RuntimeError("boom")
+
+        with pytest.raises(RowCallbackError):
+            await core.run_step([gym_row(0)], ["agent_a"], on_row=boom)
+    assert gc.isenabled()  # restored on the error path too
+
+
+def test_gc_pause_nests_and_leaves_a_disabled_collector_disabled():
+    import gc
+
+    from nemo_gym_adapter.rollout_core import gc_paused
+
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer step is still running
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # the caller switched it off: it stays off
+    finally:
+        gc.enable()
