@@ -184,6 +184,8 @@ def check_killed_step(
         f"\n[server_down] kill -> step end {took:.1f}s; longest live rollout {max(live, default=0):.1f}s; "
         f"{len(down)}/{len(step.rows)} rows server_down; launcher gone: {launcher_gone}"
     )
+    for r in down:
+        print(f"  row {r.index} ({r.env}, {r.outcome.latency_s:.1f}s): {r.trajectory.detail[:160]}")
     assert took < STEP_DEADLINE_S / 5, f"the step waited {took:.0f}s after the kill"
 
 
