@@ -52,7 +52,6 @@ def pad_trajectories(
     B, P, R = len(trajectories), prompt_length, response_length
     if B == 0:
         raise ValueError("pad_trajectories: empty batch")
-    pad = np.array([pad_token_id], dtype=np.int64)
     prompts = np.full((B, P), pad_token_id, dtype=np.int64)
     responses = np.full((B, R), pad_token_id, dtype=np.int64)
     mask = np.zeros((B, R), dtype=np.int64)
@@ -61,21 +60,14 @@ def pad_trajectories(
     r_lens = np.empty(B, dtype=np.int64)
     # One slice copy per row and per sampled span (memcpy speed); no Python work per token.
     for i, t in enumerate(trajectories):
-        prompt = t.prompt_ids if len(t.prompt_ids) else pad
-        response = t.response_ids if len(t.response_ids) else pad
+        prompt, response = row_tokens(t, pad_token_id)
         if len(prompt) > P or len(response) > R:
             name, n, limit = ("prompt", len(prompt), P) if len(prompt) > P else ("response", len(response), R)
             raise ValueError(f"pad_trajectories: row {i} has a {name} of {n} tokens > {name}_length {limit}")
         p_lens[i], r_lens[i] = len(prompt), len(response)
         prompts[i, P - len(prompt) :] = prompt
         responses[i, : len(response)] = response
-        offset = 0
-        for start, end in t.sampled_spans:
-            mask[i, start:end] = 1
-            log_probs[i, start:end] = t.sampled_logprobs[offset : offset + end - start]
-            offset += end - start
-        if offset != len(t.sampled_logprobs):  # a Trajectory invariant; guards hand-built ones
-            raise ValueError(f"pad_trajectories: row {i} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
+        fill_sampled(t, mask[i], log_probs[i], where=f"pad_trajectories: row {i}")
 
     attention_mask = np.concatenate(
         [np.arange(P) >= (P - p_lens)[:, None], np.arange(R) < r_lens[:, None]], axis=1
@@ -105,6 +97,26 @@ def pad_trajectories(
         "rm_scores": torch.from_numpy(rm_scores),
     }
     return PaddedBatch(tensors=tensors, non_tensors=non_tensors)
+
+
+def row_tokens(t: Trajectory, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's ``(prompt ids, response ids)`` as both layouts put them: a token-less side (a masked row) becomes one
+    ``pad_token_id`` token, so no row is empty (``rm_scores`` sits on the last response token)."""
+    pad = np.array([pad_token_id], dtype=np.int64)
+    return (t.prompt_ids if len(t.prompt_ids) else pad), (t.response_ids if len(t.response_ids) else pad)
+
+
+def fill_sampled(t: Trajectory, mask: np.ndarray, log_probs: np.ndarray, *, where: str) -> None:
+    """Write ``t``'s sampled spans into a response row: ``mask`` 1 and the generation logprobs there (the rest of
+    both rows is left as it is, i.e. 0). One slice copy per span. Raises ``ValueError`` (naming ``where``) when the
+    logprobs do not cover the spans exactly (a ``Trajectory`` invariant; guards hand-built ones)."""
+    offset = 0
+    for start, end in t.sampled_spans:
+        mask[start:end] = 1
+        log_probs[start:end] = t.sampled_logprobs[offset : offset + end - start]
+        offset += end - start
+    if offset != len(t.sampled_logprobs):
+        raise ValueError(f"{where} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
 
 
 def _objects(values: list[Any]) -> np.ndarray:

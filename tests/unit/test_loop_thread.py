@@ -50,3 +50,24 @@ def test_close_runs_the_last_coroutine_first():
 
     loop.close(last())
     assert done == [True]
+
+
+def test_submit_returns_at_once_and_the_future_carries_the_result():
+    gate = threading.Event()
+    loop = LoopThread("t-submit")
+    try:
+
+        async def wait_for_gate() -> str:
+            while not gate.is_set():
+                await asyncio.sleep(0.01)
+            return threading.current_thread().name
+
+        future = loop.submit(wait_for_gate())
+        assert not future.done()  # submit did not wait
+        gate.set()
+        assert future.result(timeout=5) == "t-submit"
+    finally:
+        loop.close()
+    coro = wait_for_gate()
+    with pytest.raises(AdapterError, match="closed"):
+        loop.submit(coro)
