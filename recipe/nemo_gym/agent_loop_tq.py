@@ -193,8 +193,8 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         if not rows:
             raise AdapterError("generate_sequences: empty batch")
         partition = "val" if validate else "train"
-        if not validate:
-            self._probe = self.engine_probe_metrics()  # the weights the replicas serve for this batch
+        if not validate and not self._probe:  # once per metrics window: the weights served for its first batch
+            self._probe = self.engine_probe_metrics()
         version = self._read_versions()
         future = self._loop.submit(self._run_batch(rows, partition, version[0]))
         with self._lock:
