@@ -4,8 +4,9 @@
 Runs ``scripts/bench_grpo_toy.py``'s recipe command (toy Gym environment, tiny model, CPU) once per trainer path on the
 same rows and settings, one after the other (never concurrently: they would share 2 cores), then prints per path:
 start-up time, mean step time (verl's ``timing_s/step``, first step excluded), mean rollout throughput (the core's
-``rollouts_per_s``), the adapter's share of a step (legacy: padding ``gym/timing/postprocess_s``; v1: TransferQueue
-puts ``gym/timing/tq_put_s`` + dispatch ``gym/timing/dispatch_s``) and the first/last-k mean reward, plus the v1/legacy
+``rollouts_per_s``), the adapter's share of a step (legacy: padding ``gym/timing/postprocess_s``; v1: building the
+samples ``gym/timing/build_s`` + dispatch ``gym/timing/dispatch_s``; the TransferQueue puts overlap the rollouts and
+are reported as ``tq_put_mean_s``) and the first/last-k mean reward, plus the v1/legacy
 ratios. The 1-minute load average is printed with each run (a shared machine distorts timings).
 
     .venv/bin/python scripts/bench_v1.py [--steps 10] [--paths legacy v1_sync] [-- hydra overrides...]
@@ -47,12 +48,15 @@ def summarize(steps: dict[int, dict[str, float]], window: int) -> dict[str, floa
     step_s = [m["timing_s/step"] for m in later if "timing_s/step" in m]
     if step_s:
         out["step_s_mean"] = statistics.mean(step_s)
+    puts = [v for m in later if (v := _get(m, "gym/timing/tq_put_mean_s")) is not None]
+    if puts:
+        out["tq_put_mean_s"] = statistics.mean(puts)
     rates = [v for m in later if (v := _get(m, "gym/timing/rollouts_per_s")) is not None]
     if rates:
         out["rollouts_per_s_mean"] = statistics.mean(rates)
     adapter = []
     for m in later:
-        parts = [_get(m, k) for k in ("gym/timing/postprocess_s", "gym/timing/tq_put_s", "gym/timing/dispatch_s")]
+        parts = [_get(m, k) for k in ("gym/timing/postprocess_s", "gym/timing/build_s", "gym/timing/dispatch_s")]
         if any(p is not None for p in parts) and m.get("timing_s/step"):
             adapter.append(sum(p for p in parts if p is not None) / m["timing_s/step"])
     if adapter:

@@ -147,8 +147,9 @@ class RolloutWindow:
     trajectories: list[Trajectory] = field(default_factory=list)
     first_dispatch: float | None = None
     last_done: float | None = None
-    put_s: float = 0.0
-    dispatch_s: float = 0.0
+    build_s: float = 0.0  # summed: building each sample's record (event-loop time, never overlapping)
+    put_s: float = 0.0  # summed latency of the TransferQueue puts (they overlap: not wall time)
+    dispatch_s: float = 0.0  # generate_sequences itself (the trainer's thread)
 
     def metrics(self, prefix: str, success_threshold: float | None) -> dict[str, float]:
         out = compute_metrics(self.trajectories, prefix=prefix, success_threshold=success_threshold)
@@ -156,7 +157,9 @@ class RolloutWindow:
             span = max(self.last_done - self.first_dispatch, 1e-9)
             out[f"{prefix}/timing/rollout_s"] = span
             out[f"{prefix}/timing/rollouts_per_s"] = len(self.trajectories) / span
+            out[f"{prefix}/timing/build_s"] = self.build_s
             out[f"{prefix}/timing/tq_put_s"] = self.put_s
+            out[f"{prefix}/timing/tq_put_mean_s"] = self.put_s / len(self.trajectories)
             out[f"{prefix}/timing/dispatch_s"] = self.dispatch_s
         return out
 
@@ -280,8 +283,8 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
 
         async def on_row(row: RowResult) -> None:
             i, session = slots[row.index]
-            t0 = time.perf_counter()
             latest = await self._read_versions_async()
+            t0 = time.perf_counter()
             key, fields, tags = sample_record(
                 groups[i][0],
                 session,
@@ -289,14 +292,15 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
                 pad_token_id=self.pad_token_id,
                 versions=(dispatched_version, max(latest[1], dispatched_version)),
             )
-            await tq.async_kv_batch_put(
-                keys=[key], fields=list_of_dict_to_tensordict([fields]), tags=[tags], partition_id=partition
-            )
+            record = list_of_dict_to_tensordict([fields])
+            t1 = time.perf_counter()
+            await tq.async_kv_batch_put(keys=[key], fields=record, tags=[tags], partition_id=partition)
             now = time.perf_counter()
             with self._lock:
                 window = self._windows[partition]
                 window.trajectories.append(row.trajectory)
-                window.put_s += now - t0
+                window.build_s += t1 - t0
+                window.put_s += now - t1
                 window.last_done = now
             remaining[i] -= 1
             if remaining[i] == 0:

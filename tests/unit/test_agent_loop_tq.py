@@ -137,7 +137,7 @@ def test_every_sample_is_put_as_it_returns_and_the_group_finishes_after_its_last
         assert fields["uid"] == key.split("_")[0] and fields["session_id"] == int(key.split("_")[1])
     metrics = m.drain_metrics()
     assert metrics["gym/all/num_samples"] == 9 and metrics["gym/all/masked_rate/timeout"] == pytest.approx(3 / 9)
-    assert "gym/env_a/reward_mean" in metrics and "gym/timing/tq_put_s" in metrics
+    assert "gym/env_a/reward_mean" in metrics and "gym/timing/tq_put_s" in metrics and "gym/timing/build_s" in metrics
     assert m.drain_metrics()["gym/v1/batches_in_flight"] == 0 and "gym/all/num_samples" not in m.drain_metrics()
 
 
