@@ -222,3 +222,34 @@ def test_split_prompts_unpacks_verls_batch_columns():
                 {"dummy_tensor": torch.zeros(1, 1), "uid": __import__("numpy").array(["a"], dtype=object)}
             )
         )
+
+
+class FakeServerActor:
+    """A vLLM server actor's state as verl's ``set_global_steps`` leaves it (None before the first sync)."""
+
+    def __init__(self, global_steps: int | None) -> None:
+        self.global_steps = global_steps
+
+
+class FakeHandle:
+    """``handle.__ray_call__.remote(fn)`` runs ``fn(actor)``, awaitable like a Ray ObjectRef."""
+
+    def __init__(self, actor: FakeServerActor) -> None:
+        async def call(fn):
+            return fn(actor)
+
+        self.__ray_call__ = SimpleNamespace(remote=lambda fn: call(fn))
+
+
+def test_weight_versions_come_from_the_servers_and_are_cached_briefly():
+    actors = [FakeServerActor(None), FakeServerActor(4), FakeServerActor(5)]
+    m = manager(FakeCore())
+    m.replica_handles = {f"vllm_server_{i}_0": FakeHandle(a) for i, a in enumerate(actors)}
+    assert asyncio.run(m._read_versions_async()) == (4, 5)  # a server not synced yet does not count
+    actors[1].global_steps = 6
+    assert asyncio.run(m._read_versions_async()) == (4, 5)  # within VERSION_CACHE_S: the cached read
+    m._version = (m._version[0] - agent_loop_tq.VERSION_CACHE_S, m._version[1])
+    assert asyncio.run(m._read_versions_async()) == (5, 6)
+    m.replica_handles = {"vllm_server_0_0": FakeHandle(FakeServerActor(None))}
+    m._version = None
+    assert asyncio.run(m._read_versions_async()) == (0, 0)  # before verl's first sync: version 0
