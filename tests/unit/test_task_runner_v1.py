@@ -6,7 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import ray
+from omegaconf import OmegaConf
 
 from recipe.nemo_gym.task_runner_v1 import NemoGymTrainerMixin, nemo_gym_trainer_cls
 
@@ -15,13 +17,16 @@ class FakeV1Trainer:
     """What the mixin overrides of verl's ``PPOTrainer``, recording calls."""
 
     def __init__(self, device: str) -> None:
-        self.config = SimpleNamespace(trainer=SimpleNamespace(device=device))
+        self.config = OmegaConf.create({"trainer": {"device": device, "v1": {"sampler": {"sampler_kwargs": {}}}}})
         self.calls: list[str] = []
 
     def _init_resource_pool_mgr(self) -> None:
         from verl.workers.engine_workers import ActorRolloutRefWorker
 
         self.role_worker_mapping = {"actor_rollout": ray.remote(ActorRolloutRefWorker), "critic": object()}
+
+    def _build_replay_buffer(self) -> Any:
+        return SimpleNamespace(poll_interval=2.0)  # verl's ReplayBuffer default
 
     def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> None:
         self.calls.append("verl metrics")
@@ -69,3 +74,16 @@ def test_rollout_metrics_join_the_step_metrics_under_their_own_names():
     metrics = {}
     bare._compute_metrics(None, metrics, {}, global_steps=1, epoch=0)
     assert metrics == {"training/global_step": 1}
+
+
+def test_replay_buffer_polls_often_unless_configured():
+    from nemo_gym_adapter.errors import AdapterConfigError
+    from recipe.nemo_gym.task_runner_v1 import DEFAULT_POLL_INTERVAL_S
+
+    trainer = nemo_gym_trainer_cls(FakeV1Trainer)("cpu")
+    assert trainer._build_replay_buffer().poll_interval == DEFAULT_POLL_INTERVAL_S < 2.0
+    trainer.config.trainer.v1.sampler.sampler_kwargs = {"poll_interval_s": 0.5}
+    assert trainer._build_replay_buffer().poll_interval == 0.5
+    trainer.config.trainer.v1.sampler.sampler_kwargs = {"poll_interval_s": 0}
+    with pytest.raises(AdapterConfigError, match="sampler_kwargs.poll_interval_s=0"):
+        trainer._build_replay_buffer()
