@@ -93,15 +93,15 @@ def reaped_children():
         psutil.wait_procs(stray, timeout=10)
 
 
-def _run_recipe(tmp_path: Path, *overrides: str) -> tuple[str, float]:
-    """``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu`` with ``overrides``; (log text, wall seconds)."""
+def _run_recipe(tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cpu") -> tuple[str, float]:
+    """``python -m recipe.nemo_gym.main --config-name <config_name>`` with ``overrides``; (log text, wall seconds)."""
     log_path = tmp_path / "recipe.log"
     cmd = [
         sys.executable,
         "-m",
         "recipe.nemo_gym.main",
         "--config-name",
-        "nemo_gym_cpu",
+        config_name,
         *overrides,
         f"nemo_gym.run_dir={tmp_path / 'gym'}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
