@@ -32,7 +32,9 @@ the bad value and the fix, and all problems are reported together. Everything el
 Resolvers for the shipped configs (:func:`register_resolvers`; registered by ``recipe.nemo_gym.main``):
 ``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
 installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
-``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use).
+``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use) and ``${ngv_manager:<use_v1>}``
+→ the rollout manager for verl's trainer (:data:`MANAGER_CLASS_V1` for the v1 trainer, :data:`MANAGER_CLASS` for the
+legacy one), so ``trainer.use_v1`` alone switches paths.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from nemo_gym_adapter.errors import AdapterConfigError
 
 SECTION = "nemo_gym"
-MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NemoGymAgentLoopManager"
+MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NemoGymAgentLoopManager"  # legacy trainer (trainer.use_v1=False)
+MANAGER_CLASS_V1 = "recipe.nemo_gym.agent_loop_tq.NemoGymAgentLoopManagerTQ"  # v1 trainer (the default)
 DATASET_PATH = "pkg://nemo_gym_adapter.dataset"
 DATASET_NAME = "GymJsonlDataset"
 MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
@@ -272,13 +275,15 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
             problems.append(f"{key}={value!r}: {fix}")
 
     use_v1 = _select(cfg, "trainer.use_v1", True)
-    need("trainer.use_v1", use_v1 is False, use_v1, "the adapter implements verl's legacy padded contract; set false")
+    need("trainer.use_v1", isinstance(use_v1, bool), use_v1, "must be true (verl's v1 trainer) or false (legacy)")
     manager = _select(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", None)
+    v1 = use_v1 is not False
+    wanted, suffix = (MANAGER_CLASS_V1, "AgentLoopManagerTQ") if v1 else (MANAGER_CLASS, "AgentLoopManager")
     need(
         "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
-        isinstance(manager, str) and manager.rsplit(".", 1)[-1].endswith("AgentLoopManager"),
+        isinstance(manager, str) and manager.rsplit(".", 1)[-1].endswith(suffix),
         manager,
-        f"set it to {MANAGER_CLASS} (or a subclass)",
+        f"with trainer.use_v1={use_v1} set it to {wanted} (or a subclass), or to ${{ngv_manager:${{trainer.use_v1}}}}",
     )
     name = _select(cfg, "actor_rollout_ref.rollout.name", None)
     need("actor_rollout_ref.rollout.name", name == "vllm", name, "the token-ID patch is for vLLM; set vllm")
@@ -377,11 +382,18 @@ def _tiny_model(family: str) -> str:
     return str(build_tiny_model(family))
 
 
+def manager_class(use_v1: Any) -> str:
+    """The rollout manager for ``trainer.use_v1`` (``${ngv_manager:${trainer.use_v1}}``)."""
+    return MANAGER_CLASS if use_v1 is False or str(use_v1).lower() == "false" else MANAGER_CLASS_V1
+
+
 def register_resolvers() -> None:
-    """Register ``ngv_gym_example``, ``ngv_configs`` and ``ngv_tiny_model`` with OmegaConf (idempotent)."""
+    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_tiny_model`` and ``ngv_manager`` with OmegaConf
+    (idempotent)."""
     from omegaconf import OmegaConf
 
     for name, fn in (
+        ("ngv_manager", manager_class),
         ("ngv_gym_example", gym_example_path),
         ("ngv_configs", configs_path),
         ("ngv_tiny_model", _tiny_model),

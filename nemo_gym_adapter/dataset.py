@@ -435,10 +435,13 @@ def _make_dataset_class() -> type:
 
         def __getitem__(self, item: int) -> dict[str, Any]:
             record = self.rows.store.record(item)
+            row = json.loads(record.text)  # parsed per access: a fresh object the caller may modify
             return {
                 # verl's DataProto needs at least one tensor per row (as in verl's RLHFDataset).
                 "dummy_tensor": torch.tensor([0], dtype=torch.uint8),
-                "gym_row": json.loads(record.text),  # parsed per access: a fresh object the caller may modify
+                "gym_row": row,
+                # verl's v1 trainer counts a batch's prompts by this column and logs validation inputs from it.
+                "raw_prompt": raw_prompt(row),
                 "gym_env": record.env,
                 "data_source": record.env,
                 "index": item,
@@ -453,6 +456,16 @@ def _make_dataset_class() -> type:
     GymJsonlDataset.__module__ = __name__
     GymJsonlDataset.__qualname__ = "GymJsonlDataset"
     return GymJsonlDataset
+
+
+def raw_prompt(row: Mapping[str, Any]) -> list[Any]:
+    """The chat messages a Gym row starts from (``responses_create_params.input``; a plain string becomes one user
+    message), as verl's ``raw_prompt`` column. Informational: Gym renders and sends the real prompt."""
+    params = row.get("responses_create_params")
+    messages = params.get("input") if isinstance(params, Mapping) else None
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    return list(messages) if isinstance(messages, list) else []
 
 
 def __getattr__(name: str) -> Any:

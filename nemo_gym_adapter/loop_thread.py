@@ -9,6 +9,7 @@ refused; a caller interrupted while waiting (``KeyboardInterrupt``) cancels the 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Coroutine
@@ -66,6 +67,14 @@ class LoopThread:
         except BaseException:
             future.cancel()  # e.g. KeyboardInterrupt: stop the in-flight work too
             raise
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop and return at once (fire-and-forget callers keep the future to wait for it or
+        cancel it). Safe from any thread, the loop's own included."""
+        if self._closed:
+            coro.close()
+            raise AdapterError(f"{self.name}: closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def close(self, last: Coroutine[Any, Any, Any] | None = None) -> None:
         """Run ``last`` (e.g. closing an HTTP session), then stop the loop and join the thread. Idempotent."""

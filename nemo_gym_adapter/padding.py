@@ -53,7 +53,6 @@ def pad_trajectories(
     if B == 0:
         raise ValueError("pad_trajectories: empty batch")
     L = P + R
-    pad = np.array([pad_token_id], dtype=np.int64)
     # Written once each: ids and attention over the whole sequence (prompts and responses are copied out of the
     # ids below); zero-filled arrays come from calloc, so untouched padding costs nothing.
     input_ids = np.zeros((B, L), dtype=np.int64) if pad_token_id == 0 else np.full((B, L), pad_token_id, np.int64)
@@ -64,8 +63,7 @@ def pad_trajectories(
     r_lens = np.empty(B, dtype=np.int64)
     # One slice copy per row and per sampled span (memcpy speed); no Python work per token.
     for i, t in enumerate(trajectories):
-        prompt = t.prompt_ids if len(t.prompt_ids) else pad
-        response = t.response_ids if len(t.response_ids) else pad
+        prompt, response = row_tokens(t, pad_token_id)
         lp, lr = len(prompt), len(response)
         if lp > P or lr > R:
             name, n, limit = ("prompt", lp, P) if lp > P else ("response", lr, R)
@@ -74,13 +72,7 @@ def pad_trajectories(
         input_ids[i, P - lp : P] = prompt
         input_ids[i, P : P + lr] = response
         attention_mask[i, P - lp : P + lr] = 1  # left-padded prompt and right-padded response meet at P
-        offset = 0
-        for start, end in t.sampled_spans:
-            mask[i, start:end] = 1
-            log_probs[i, start:end] = t.sampled_logprobs[offset : offset + end - start]
-            offset += end - start
-        if offset != len(t.sampled_logprobs):  # a Trajectory invariant; guards hand-built ones
-            raise ValueError(f"pad_trajectories: row {i} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
+        fill_sampled(t, mask[i], log_probs[i], where=f"pad_trajectories: row {i}")
 
     rm_scores = np.zeros((B, R), dtype=np.float32)
     rm_scores[np.arange(B), r_lens - 1] = [t.reward for t in trajectories]
@@ -109,6 +101,26 @@ def pad_trajectories(
         "rm_scores": torch.from_numpy(rm_scores),
     }
     return PaddedBatch(tensors=tensors, non_tensors=non_tensors)
+
+
+def row_tokens(t: Trajectory, pad_token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """A row's ``(prompt ids, response ids)`` as both layouts put them: a token-less side (a masked row) becomes one
+    ``pad_token_id`` token, so no row is empty (``rm_scores`` sits on the last response token)."""
+    pad = np.array([pad_token_id], dtype=np.int64)
+    return (t.prompt_ids if len(t.prompt_ids) else pad), (t.response_ids if len(t.response_ids) else pad)
+
+
+def fill_sampled(t: Trajectory, mask: np.ndarray, log_probs: np.ndarray, *, where: str) -> None:
+    """Write ``t``'s sampled spans into a response row: ``mask`` 1 and the generation logprobs there (the rest of
+    both rows is left as it is, i.e. 0). One slice copy per span. Raises ``ValueError`` (naming ``where``) when the
+    logprobs do not cover the spans exactly (a ``Trajectory`` invariant; guards hand-built ones)."""
+    offset = 0
+    for start, end in t.sampled_spans:
+        mask[start:end] = 1
+        log_probs[start:end] = t.sampled_logprobs[offset : offset + end - start]
+        offset += end - start
+    if offset != len(t.sampled_logprobs):
+        raise ValueError(f"{where} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
 
 
 def _objects(values: list[Any]) -> np.ndarray:

@@ -11,9 +11,11 @@ can be overridden as usual. The run, in order:
    import: a config error answers in about a second, naming the dotted key, the bad value and the fix (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
    where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``) are registered;
-3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.task_runner.NemoGymTaskRunner`: verl starts Ray, the actor
-   workers and the vLLM replicas; our manager (``recipe.nemo_gym.agent_loop``) patches the replicas, starts Gym in
-   front of them and serves every ``generate_sequences``;
+3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
+   the default: verl's TransferQueue trainer, manager ``recipe.nemo_gym.agent_loop_tq``) or
+   :data:`recipe.nemo_gym.task_runner.NemoGymTaskRunner` (``trainer.use_v1=False``: the legacy trainer, manager
+   ``recipe.nemo_gym.agent_loop``): verl starts Ray, the actor workers and the vLLM replicas; our manager patches the
+   replicas, starts Gym in front of them and serves every ``generate_sequences``;
 4. always: sweep Gym's processes by the pid file the manager leaves while Gym runs (in case the TaskRunner was
    killed outright) and shut Ray down. SIGTERM takes the same path.
 """
@@ -65,11 +67,9 @@ def run(cfg: DictConfig) -> int:
         from verl.utils.config import validate_config
         from verl.utils.device import auto_set_device
 
-        from recipe.nemo_gym.task_runner import NemoGymTaskRunner
-
         auto_set_device(cfg)
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-        run_ppo(cfg, task_runner_class=NemoGymTaskRunner)
+        run_ppo(cfg, task_runner_class=task_runner_class(cfg))
         if metrics_path is not None:
             _write_reward_curve(metrics_path)
     finally:
@@ -77,6 +77,17 @@ def run(cfg: DictConfig) -> int:
         sweep_gym(run_dir)
         _shutdown_ray()
     return 0
+
+
+def task_runner_class(cfg: DictConfig) -> Any:
+    """verl's v1 trainer (``trainer.use_v1=True``, the default) or the legacy one, each with our changes."""
+    if cfg.trainer.get("use_v1", True):
+        from recipe.nemo_gym.task_runner_v1 import NemoGymTaskRunnerV1
+
+        return NemoGymTaskRunnerV1
+    from recipe.nemo_gym.task_runner import NemoGymTaskRunner
+
+    return NemoGymTaskRunner
 
 
 def _prepare_run_dir(cfg: DictConfig) -> Path | None:

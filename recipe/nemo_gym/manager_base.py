@@ -83,6 +83,7 @@ class GymManagerBase:
         self.core: RolloutCore | None = None
         self.replicas: dict[str, str] = {}  # "ip:port" -> server actor name
         self.replica_endpoints: list[ReplicaEndpoint] = []  # per replica, in verl's order
+        self.replica_handles: dict[str, Any] = {}  # server actor name -> Ray actor handle
         self.patch_reports: list[PatchReport] = []  # per replica actor
         self.gym_host: HostChoice | None = None  # where a Gym we start listens, and why
         self.served_model_name: str | None = None
@@ -110,6 +111,7 @@ class GymManagerBase:
         """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
         t0 = time.perf_counter()
         self.replica_endpoints, handles = find_replicas(self.llm_client)
+        self.replica_handles = dict(handles)
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
         if self.recipe.gym.patch_vllm:
             self.patch_reports = patch_replicas(handles, self.recipe.gym.assistant_edits)

@@ -52,8 +52,16 @@ def all_masked_safe(fn: Callable[[Any, Any], tuple[Any, dict]]) -> Callable[[Any
 
 
 def install() -> None:
-    """Guard verl's rollout-correction step in this process (idempotent). Call it where ``fit`` runs."""
+    """Guard verl's rollout-correction step in this process (idempotent). Call it where ``fit`` runs.
+
+    The legacy trainer looks the function up in ``rollout_corr_helper`` at call time; verl's v1 trainer imported it
+    into ``verl.trainer.ppo.v1.trainer_base`` (patched too when that module is loaded)."""
+    import sys
+
     from verl.trainer.ppo import rollout_corr_helper
 
     name = "compute_rollout_correction_and_add_to_batch"
     setattr(rollout_corr_helper, name, all_masked_safe(getattr(rollout_corr_helper, name)))
+    v1 = sys.modules.get("verl.trainer.ppo.v1.trainer_base")
+    if v1 is not None and hasattr(v1, name):
+        setattr(v1, name, all_masked_safe(getattr(v1, name)))

@@ -37,7 +37,7 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
         # verl needs each micro batch to divide the step's BATCH x N samples (the config's 64 fits 8 x 8).
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
-        config="nemo_gym_cpu_multi_env",
+        config_name="nemo_gym_cpu_multi_env",
     )
     steps = _parse_steps(text)
     assert sorted(steps) == [0, *range(1, STEPS + 1)], f"steps logged: {sorted(steps)}\n{text[-3000:]}"

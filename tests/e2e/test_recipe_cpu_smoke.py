@@ -1,4 +1,5 @@
-"""The hydra-launched recipe on CPU, end to end: ``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu``.
+"""The hydra-launched recipe on CPU, end to end: ``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu
+trainer.use_v1=false`` (the v1 trainer, the default, is tests/e2e/test_recipe_v1_cpu.py, with these helpers).
 
 One subprocess runs the whole thing as a user would: verl's legacy trainer with the FSDP2 actor on CPU, the CPU vLLM
 replica (patched), NeMo Gym (``example_single_tool_call``, its bundled example rows) started by our manager, two
@@ -31,11 +32,12 @@ LR = 1e-2
 PROBE_MIN_MOVE = 2e-6  # float32 log-probs near -8 resolve ~5e-7; an unsynced engine gives exactly 0 (deterministic CPU)
 TIMEOUT_S = float(os.environ.get("NGV_E2E_TIMEOUT", "1500"))
 ENV = "example_single_tool_call_simple_agent"
+LEGACY = "trainer.use_v1=false"  # verl's legacy trainer (the shipped configs default to v1)
 PR_SET_CHILD_SUBREAPER = 36
 # Mean |rollout - actor| log-prob, fp32 on both sides: float32 rounding (~3e-7; the tiny models' old padded vocabulary
 # gave 3e-4). The step-2 gap also checks verl's weight sync into vLLM.
 GAP_TOL = 1e-5
-_VALUE = re.compile(r"^(?:np\.float\d+\()?([-+0-9.eEinfa]+)\)?$")
+_VALUE = re.compile(r"^(?:np\.(?:float|int)\d+\()?([-+0-9.eEinfa]+)\)?$")
 
 
 def _subreaper(on: bool) -> None:
@@ -91,15 +93,15 @@ def reaped_children():
         psutil.wait_procs(stray, timeout=10)
 
 
-def _run_recipe(tmp_path: Path, *overrides: str, config: str = "nemo_gym_cpu") -> tuple[str, float]:
-    """``python -m recipe.nemo_gym.main --config-name <config>`` with ``overrides``; (log text, wall seconds)."""
+def _run_recipe(tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cpu") -> tuple[str, float]:
+    """``python -m recipe.nemo_gym.main --config-name <config_name>`` with ``overrides``; (log text, wall seconds)."""
     log_path = tmp_path / "recipe.log"
     cmd = [
         sys.executable,
         "-m",
         "recipe.nemo_gym.main",
         "--config-name",
-        config,
+        config_name,
         *overrides,
         f"nemo_gym.run_dir={tmp_path / 'gym'}",
         f"hydra.run.dir={tmp_path / 'hydra'}",
@@ -123,6 +125,7 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     run_dir = tmp_path / "gym"
     text, wall = _run_recipe(
         tmp_path,
+        LEGACY,
         f"trainer.total_training_steps={STEPS}",
         # A large step, so step 1's update (AdamW's weight decay alone, should every advantage be 0) moves the engine's
         # log-probs well above float32 noise (measured: 1.3e-5 on the probe; the step-1 probe was identical to 15
@@ -174,7 +177,7 @@ def test_a_step_with_every_sample_masked_completes_with_nan_gap_metrics(tmp_path
     verl's own rollout-correction step raises on a batch without a valid token; the trainer's guard
     (``recipe.nemo_gym.rollout_correction``) reports its metrics as NaN instead, like ``onpolicy/*``.
     """
-    text, wall = _run_recipe(tmp_path, "trainer.total_training_steps=1", "data.max_prompt_length=16")
+    text, wall = _run_recipe(tmp_path, LEGACY, "trainer.total_training_steps=1", "data.max_prompt_length=16")
     steps = _parse_steps(text)
     assert sorted(steps) == [1], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     m = steps[1]

@@ -49,6 +49,7 @@ def _compose(train_file: str):
         f"data.train_files=[{train_file}]",
         f"data.val_files=[{train_file}]",
         f"actor_rollout_ref.rollout.n={N}",
+        "trainer.use_v1=false",  # the legacy trainer's manager (built here the way RayPPOTrainer builds it)
         # (FORCED + 1) * N = 12 rows: one PPO mini-batch of all of them, micro-batches that divide it.
         f"actor_rollout_ref.actor.ppo_mini_batch_size={FORCED + 1}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",

@@ -50,6 +50,7 @@ def _compose(train_file: str, **extra: str):
         f"data.train_files=[{train_file}]",
         f"data.val_files=[{train_file}]",
         f"actor_rollout_ref.rollout.n={N}",
+        "trainer.use_v1=false",  # the legacy trainer's manager (built here the way RayPPOTrainer builds it)
         # one rank per host: verl divides the mini-batch (x n) by the world size
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=2",

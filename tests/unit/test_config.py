@@ -92,7 +92,7 @@ def test_section_errors_name_the_dotted_key(cfg, section, key, fragment):
 @pytest.mark.parametrize(
     ("path", "value", "key", "fix"),
     [
-        ("trainer.use_v1", True, "trainer.use_v1=True", "set false"),
+        ("trainer.use_v1", "yes", "trainer.use_v1='yes'", "must be true"),
         ("algorithm.adv_estimator", "grpo", "algorithm.adv_estimator='grpo'", "masked_grpo"),
         ("actor_rollout_ref.rollout.name", "sglang", "actor_rollout_ref.rollout.name='sglang'", "set vllm"),
         (
@@ -121,7 +121,7 @@ def test_verl_key_errors_name_the_dotted_key(cfg, path, value, key, fix):
 
 def test_all_problems_are_reported_together(cfg):
     broken = copy.deepcopy(cfg)
-    broken["trainer"]["use_v1"] = True
+    broken["trainer"]["use_v1"] = "yes"
     broken["nemo_gym"] = {"config_paths": [GYM_CONFIG], "client": {"max_concurrency": -1}}
     broken["actor_rollout_ref"]["rollout"]["n"] = 0
     message = _error(broken)
@@ -152,3 +152,21 @@ def test_gym_example_resolver_points_into_the_gym_install(tmp_path, monkeypatch)
     assert config.gym_example_path("toy") == str(example)
     with pytest.raises(AdapterConfigError, match=r"ngv_gym_example:tyo.*\['toy'\]"):
         config.gym_example_path("tyo")
+
+
+def test_the_manager_class_must_match_the_trainer(cfg):
+    from nemo_gym_adapter.config import MANAGER_CLASS_V1, manager_class
+
+    cfg["trainer"]["use_v1"] = True  # the legacy manager under the v1 trainer: refused, naming the v1 manager
+    message = _error(cfg)
+    assert "agent_loop_manager_class" in message and MANAGER_CLASS_V1 in message, message
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    load_config(cfg)
+    cfg["trainer"]["use_v1"] = False
+    assert MANAGER_CLASS in _error(cfg)
+    assert [manager_class(v) for v in (True, False, "false", "True")] == [
+        MANAGER_CLASS_V1,
+        MANAGER_CLASS,
+        MANAGER_CLASS,
+        MANAGER_CLASS_V1,
+    ]

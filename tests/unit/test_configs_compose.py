@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter.config import MANAGER_CLASS, load_config, register_resolvers
+from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config, register_resolvers
 from recipe.nemo_gym.main import CONFIG_DIR, verl_config_dir, with_verl_searchpath
 
 PRIMARY_CONFIGS = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
@@ -34,8 +34,9 @@ def test_the_shipped_configs_are_the_expected_ones():
 def test_config_composes_and_validates(name):
     cfg = _compose(name)
     recipe = load_config(cfg)  # raises AdapterConfigError naming every bad key
-    assert cfg.trainer.use_v1 is False
-    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == MANAGER_CLASS
+    assert cfg.trainer.use_v1 is True  # verl's v1 (TransferQueue) trainer is the default
+    assert cfg.trainer.v1.trainer_mode == "sync"
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == MANAGER_CLASS_V1
     assert cfg.algorithm.adv_estimator == "masked_grpo"
     assert cfg.data.custom_cls.path == "pkg://nemo_gym_adapter.dataset"
     # verl's own defaults are present underneath ours
@@ -45,6 +46,19 @@ def test_config_composes_and_validates(name):
     assert recipe.gym.config_paths and recipe.gym.head_url is None
     for f in [cfg.data.train_files] if isinstance(cfg.data.train_files, str) else cfg.data.train_files:
         assert Path(f).is_file(), f
+
+
+@pytest.mark.parametrize("name", PRIMARY_CONFIGS)
+def test_use_v1_false_alone_selects_the_legacy_trainer_and_manager(name):
+    from recipe.nemo_gym.main import task_runner_class
+    from recipe.nemo_gym.task_runner import NemoGymTaskRunner
+    from recipe.nemo_gym.task_runner_v1 import NemoGymTaskRunnerV1
+
+    cfg = _compose(name, ("trainer.use_v1=false",))
+    load_config(cfg)
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == MANAGER_CLASS
+    assert task_runner_class(cfg) is NemoGymTaskRunner
+    assert task_runner_class(_compose(name)) is NemoGymTaskRunnerV1
 
 
 def test_overrides_reach_the_validated_config():

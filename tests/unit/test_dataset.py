@@ -176,6 +176,7 @@ def test_dataset_rows_in_verls_shape(two_env_files):
     assert item["gym_env"] == item["data_source"] == "math_agent" and item["index"] == 2
     assert item["gym_row"] == json.loads(Path(two_env_files[1]).read_text())
     assert item["extra_info"] == {"index": 2, "gym_env": "math_agent", "source": f"{two_env_files[1]}:1"}
+    assert item["raw_prompt"] == item["gym_row"]["responses_create_params"]["input"]  # verl v1 counts prompts by it
     item["gym_row"]["responses_create_params"].clear()
     assert ds[2]["gym_row"]["responses_create_params"]  # every access gets a fresh copy
 

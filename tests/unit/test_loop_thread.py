@@ -67,3 +67,24 @@ def test_event_loop_is_uvloop_where_installed_unless_switched_off(monkeypatch):
         assert not isinstance(loop, uvloop.Loop) and isinstance(loop, asyncio.AbstractEventLoop)
     finally:
         loop.close()
+
+
+def test_submit_returns_at_once_and_the_future_carries_the_result():
+    gate = threading.Event()
+    loop = LoopThread("t-submit")
+    try:
+
+        async def wait_for_gate() -> str:
+            while not gate.is_set():
+                await asyncio.sleep(0.01)
+            return threading.current_thread().name
+
+        future = loop.submit(wait_for_gate())
+        assert not future.done()  # submit did not wait
+        gate.set()
+        assert future.result(timeout=5) == "t-submit"
+    finally:
+        loop.close()
+    coro = wait_for_gate()
+    with pytest.raises(AdapterError, match="closed"):
+        loop.submit(coro)

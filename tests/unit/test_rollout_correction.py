@@ -117,3 +117,15 @@ def test_nemo_gym_trainer_fit_installs_the_guard_before_verls_fit(monkeypatch):
     trainer = object.__new__(NemoGymPPOTrainer)
     assert trainer.fit() == "fit done"
     assert seen[0] is not VERL_FN and seen[0].__wrapped__ is VERL_FN
+
+
+def test_install_also_guards_the_name_verls_v1_trainer_imported(monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+
+    monkeypatch.setattr(rollout_corr_helper, "compute_rollout_correction_and_add_to_batch", VERL_FN)
+    monkeypatch.setattr(trainer_base, "compute_rollout_correction_and_add_to_batch", VERL_FN)
+    rollout_correction.install()
+    guarded = trainer_base.compute_rollout_correction_and_add_to_batch  # what PPOTrainer._compute_advantage calls
+    assert guarded is not VERL_FN and guarded.__wrapped__ is VERL_FN
+    _, metrics = guarded(_batch(torch.zeros(4, 6)), _config({}))
+    assert math.isnan(metrics["rollout_corr/kl"])

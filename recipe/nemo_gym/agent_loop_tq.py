@@ -1,0 +1,344 @@
+"""``NemoGymAgentLoopManagerTQ``: verl 0.9.1's v1 (TransferQueue) rollout manager, with NeMo Gym doing the rollouts.
+
+Selected with ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=recipe.nemo_gym.agent_loop_tq.
+NemoGymAgentLoopManagerTQ`` (the shipped configs pick it from ``trainer.use_v1``) and created by verl's v1 task runner
+exactly like verl's own ``AgentLoopManagerTQ``::
+
+    TaskRunnerV1.init_agent_loop_manager                                   (verl/trainer/main_ppo.py)
+      -> NemoGymAgentLoopManagerTQ.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)
+
+Start-up and shutdown are :class:`~recipe.nemo_gym.manager_base.GymManagerBase`'s. The v1 contract
+(``verl/trainer/ppo/v1/agent_loop_tq.py`` ``AgentLoopWorkerTQ``) is:
+
+* ``generate_sequences(TensorDict) -> None`` returns at once: the batch's prompts run in the background, on this
+  manager's event-loop thread, through the shared :class:`~nemo_gym_adapter.rollout_core.RolloutCore` (each prompt's
+  ``gym_row`` ``n`` times: ``__rollout_n__`` or ``rollout.n`` / ``val_kwargs.n``).
+* Each prompt ``uid`` is tagged ``running``; **each sample is put into TransferQueue the moment Gym returns it**
+  (``RolloutCore.run_step``'s ``on_row``): key ``{uid}_{session}_0``, the unpadded tensors of
+  :func:`nemo_gym_adapter.samples.sample_tensors` (from the same ``Trajectory`` the legacy path pads) plus the
+  prompt's own columns, as verl's ``_agent_loop_postprocess`` writes them; tags ``status``, ``prompt_len``,
+  ``response_len``, ``seq_len``, ``global_steps``, ``min_global_steps``/``max_global_steps``.
+* The uid's terminal status is published once all its ``n`` samples settled: ``finished``; ``failure`` only when
+  this adapter itself failed (a put raised, a bug), as verl does when an agent loop raises.
+
+**Masked rollouts** (Gym or the client failed, the history broke, too long; ``trajectory.MaskReason``) are put like
+any other sample, as a one-pad-token response with ``response_mask`` 0 and reward 0 (what ``padding`` makes of them),
+and their group is ``finished``. Why not drop them and mark the group ``failure``: in sync mode verl's replay buffer
+keeps a ``failure`` group sampleable and raises once a batch has no trajectory at all (every sample masked: a
+config error such as prompts longer than ``data.max_prompt_length`` would end the run), and in async modes it evicts
+and refills ``failure`` groups, which never ends when every prompt fails. Put as masked samples they give exactly
+zero gradient, ``masked_grpo`` leaves them out of their group's baseline (identified by ``response_mask.sum() == 0``),
+every input row still yields an output row, they are counted by reason in ``gym/all/masked_rate/<reason>``, and no
+mode can stall on them.
+
+**Weight versions** (``min_global_steps``/``max_global_steps``; verl stamps them in its own LLM client, which Gym
+bypasses): the ``global_steps`` the vLLM servers hold (verl's ``ServerAdapter.update_weights`` sets it after every
+weight sync) when the batch is dispatched and when the sample comes back.
+
+**Metrics**: the rollouts finished since the last call of :meth:`drain_metrics` (the recipe's v1 trainer calls it
+once per step and puts the result into the step's metric dict under their own names: ``gym/<env>/reward_mean``,
+``gym/all/masked_rate/<reason>``, ``gym/timing/*``, ``gym/engine/probe_logprob_mean``; validation ones as
+``val-aux/gym/...``, verl's prefix for auxiliary validation metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+import transfer_queue as tq
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.loop_thread import LoopThread
+from nemo_gym_adapter.metrics import compute_metrics
+from nemo_gym_adapter.rollout_core import RowResult
+from nemo_gym_adapter.samples import sample_tensors
+from nemo_gym_adapter.trajectory import Trajectory
+from recipe.nemo_gym.manager_base import GymManagerBase
+
+logger = logging.getLogger(__name__)
+
+VERSION_CACHE_S = 0.25  # how long a read of the servers' weight version is reused
+
+
+def split_prompts(batch: TensorDict) -> list[dict[str, Any]]:
+    """One dict per prompt of verl's input batch, its columns unpacked as ``AgentLoopWorkerTQ.generate_sequences``
+    does (tensors sliced, non-tensor stacks indexed, non-tensor data shared); ``validate`` is left out."""
+    prompts: list[dict[str, Any]] = []
+    for i in range(len(batch)):
+        prompt: dict[str, Any] = {}
+        for key, value in batch.items():
+            if key == "validate":
+                continue
+            if isinstance(value, torch.Tensor):
+                prompt[key] = value[i]
+            elif isinstance(value, NonTensorStack):
+                prompt[key] = value[i].data
+            elif isinstance(value, NonTensorData):
+                prompt[key] = value.data
+            else:
+                raise AdapterError(f"generate_sequences: batch column {key!r} has unsupported type {type(value)}")
+        for key in ("uid", "gym_row", "gym_env"):
+            if key not in prompt:
+                raise AdapterError(
+                    f"generate_sequences: prompt {i} has no {key!r} (columns: {sorted(prompt)}); set data.custom_cls."
+                    "path=pkg://nemo_gym_adapter.dataset and data.custom_cls.name=GymJsonlDataset"
+                )
+        prompts.append(prompt)
+    return prompts
+
+
+def sample_record(
+    prompt: Mapping[str, Any],
+    session_id: int,
+    trajectory: Trajectory,
+    *,
+    pad_token_id: int,
+    versions: tuple[int, int],
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``(key, fields, tags)`` of one sample, as verl's ``AgentLoopWorkerTQ._agent_loop_postprocess`` writes them:
+    the sample's tensors, ``num_turns`` and ``extra_fields`` (weight versions, Gym's outcome), then the prompt's own
+    columns and ``session_id``. ``versions`` = (min, max) weight version the sample was generated with."""
+    s = sample_tensors(trajectory, pad_token_id=pad_token_id)
+    low, high = versions
+    fields: dict[str, Any] = {
+        **s.tensors,
+        "num_turns": trajectory.num_turns,
+        "extra_fields": {
+            "global_steps": prompt.get("global_steps"),
+            "min_global_steps": low,
+            "max_global_steps": high,
+            "gym_env": trajectory.env_name,
+            "gym_reward": trajectory.gym_reward,
+            "gym_masked_reason": trajectory.masked_reason.value if trajectory.masked_reason else "",
+            "gym_truncated": trajectory.truncated,
+        },
+    }
+    fields.update(prompt)
+    fields["session_id"] = session_id
+    fields["multi_modal_inputs"] = {}
+    tags = {
+        "status": "success",
+        "prompt_len": s.prompt_len,
+        "response_len": s.response_len,
+        "seq_len": s.seq_len,
+        "global_steps": prompt.get("global_steps"),
+        "min_global_steps": low,
+        "max_global_steps": high,
+    }
+    return f"{prompt['uid']}_{session_id}_0", fields, tags
+
+
+@dataclass
+class RolloutWindow:
+    """The rollouts finished since the last drain (one per partition), for the step's metrics."""
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    first_dispatch: float | None = None
+    last_done: float | None = None
+    build_s: float = 0.0  # summed: building each sample's record (event-loop time, never overlapping)
+    put_s: float = 0.0  # summed latency of the TransferQueue puts (they overlap: not wall time)
+    dispatch_s: float = 0.0  # generate_sequences itself (the trainer's thread)
+
+    def metrics(self, prefix: str, success_threshold: float | None) -> dict[str, float]:
+        out = compute_metrics(self.trajectories, prefix=prefix, success_threshold=success_threshold)
+        if self.trajectories and self.first_dispatch is not None and self.last_done is not None:
+            span = max(self.last_done - self.first_dispatch, 1e-9)
+            out[f"{prefix}/timing/rollout_s"] = span
+            out[f"{prefix}/timing/rollouts_per_s"] = len(self.trajectories) / span
+            out[f"{prefix}/timing/build_s"] = self.build_s
+            out[f"{prefix}/timing/tq_put_s"] = self.put_s
+            out[f"{prefix}/timing/tq_put_mean_s"] = self.put_s / len(self.trajectories)
+            out[f"{prefix}/timing/dispatch_s"] = self.dispatch_s
+        return out
+
+
+def _server_weight_version(server: Any) -> int | None:
+    """Runs inside a vLLM server actor: the ``global_steps`` verl's last weight sync set (``set_global_steps``)."""
+    return getattr(server, "global_steps", None)
+
+
+class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
+    """verl v1 rollout manager whose rollouts are NeMo Gym ``/run`` calls (see the module docstring)."""
+
+    def start(self) -> None:
+        super().start()
+        self._loop = LoopThread("gym-rollout-tq")
+        core = self.core
+        assert core is not None  # start() built it
+        self.on_shutdown("rollout loop", lambda: self._loop.close(core.aclose()))
+        self.on_shutdown("rollouts in flight", self._cancel_inflight)
+        self._inflight: set[concurrent.futures.Future[None]] = set()
+        self._lock = threading.Lock()
+        self._windows = {"train": RolloutWindow(), "val": RolloutWindow()}
+        self._probe: dict[str, float] = {}
+        self._version: tuple[float, tuple[int, int]] | None = None
+
+    # ---- verl's v1 contract -------------------------------------------------------------------------------------
+
+    def generate_sequences(self, prompts: TensorDict) -> None:
+        """Dispatch the batch's Gym rollouts and return at once (samples reach TransferQueue as they finish)."""
+        self.check_open()
+        t0 = time.perf_counter()
+        validate = bool(prompts["validate"]) if "validate" in prompts.keys() else False
+        rows = split_prompts(prompts)
+        if not rows:
+            raise AdapterError("generate_sequences: empty batch")
+        partition = "val" if validate else "train"
+        if not validate and not self._probe:  # once per metrics window: the weights served for its first batch
+            self._probe = self.engine_probe_metrics()
+        version = self._read_versions()
+        future = self._loop.submit(self._run_batch(rows, partition, version[0]))
+        with self._lock:
+            self._inflight.add(future)
+            window = self._windows[partition]
+            window.first_dispatch = window.first_dispatch or t0
+            window.dispatch_s += time.perf_counter() - t0
+        future.add_done_callback(self._batch_done)
+
+    def drain_metrics(self) -> dict[str, float]:
+        """Metrics of the rollouts finished since the last call (module docstring), and reset them."""
+        threshold = self.recipe.gym.metrics.success_threshold
+        with self._lock:
+            windows, self._windows = self._windows, {"train": RolloutWindow(), "val": RolloutWindow()}
+            probe, self._probe = self._probe, {}
+            inflight = len(self._inflight)
+        prefix = self.core.metrics_prefix if self.core is not None else "gym"
+        out = windows["train"].metrics(prefix, threshold) | windows["val"].metrics(f"val-aux/{prefix}", threshold)
+        out.update(probe)
+        out[f"{prefix}/v1/batches_in_flight"] = float(inflight)
+        return out
+
+    # ---- the background work ------------------------------------------------------------------------------------
+
+    async def _run_batch(self, prompts: list[dict[str, Any]], partition: str, dispatched_version: int) -> None:
+        validate = partition == "val"
+        with self._lock:
+            window = self._windows[partition]
+            window.first_dispatch = window.first_dispatch or time.perf_counter()
+        default_n = int(self.config.actor_rollout_ref.rollout.val_kwargs.n) if validate else self.recipe.n
+        groups: list[tuple[dict[str, Any], int, bool]] = []
+        for prompt in prompts:
+            n = int(prompt.pop("__rollout_n__", default_n))
+            do_sample = bool(prompt.pop("__do_sample__", True))
+            groups.append((prompt, n, do_sample or validate))
+        remaining = [n for _, n, _ in groups]
+        published: set[int] = set()
+
+        async def publish(i: int, status: str) -> None:
+            if i not in published:
+                published.add(i)
+                await tq.async_kv_put(key=groups[i][0]["uid"], partition_id=partition, tag={"status": status})
+
+        try:
+            await asyncio.gather(
+                *(
+                    tq.async_kv_put(key=p["uid"], partition_id=partition, tag={"status": "running"})
+                    for p, _, _ in groups
+                )
+            )
+            for i, (_, n, _) in enumerate(groups):
+                if n == 0:
+                    await publish(i, "finished")
+            runs = []
+            for sampled in (True, False):
+                slots = [(i, s) for i, (_, n, d) in enumerate(groups) if d is sampled for s in range(n)]
+                if slots:
+                    runs.append(self._run_slots(groups, slots, partition, dispatched_version, remaining, publish))
+            await asyncio.gather(*runs)
+        except BaseException:
+            for i in range(len(groups)):
+                try:
+                    await publish(i, "failure")
+                except Exception:
+                    logger.exception("could not publish failure for prompt %s", groups[i][0]["uid"])
+            raise
+
+    async def _run_slots(
+        self,
+        groups: list[tuple[dict[str, Any], int, bool]],
+        slots: list[tuple[int, int]],
+        partition: str,
+        dispatched_version: int,
+        remaining: list[int],
+        publish: Any,
+    ) -> None:
+        """Run the (prompt, session) ``slots`` sharing one sampling mode through the core, putting each sample."""
+        assert self.core is not None
+        validate = partition == "val"
+        overrides = self.sampling_overrides(validate)
+        if not groups[slots[0][0]][2]:  # __do_sample__ = False: greedy, as verl's apply_greedy_sampling_params
+            overrides.update(temperature=0.0, top_p=1.0)
+
+        async def on_row(row: RowResult) -> None:
+            i, session = slots[row.index]
+            latest = await self._read_versions_async()
+            t0 = time.perf_counter()
+            key, fields, tags = sample_record(
+                groups[i][0],
+                session,
+                row.trajectory,
+                pad_token_id=self.pad_token_id,
+                versions=(dispatched_version, max(latest[1], dispatched_version)),
+            )
+            record = list_of_dict_to_tensordict([fields])
+            t1 = time.perf_counter()
+            await tq.async_kv_batch_put(keys=[key], fields=record, tags=[tags], partition_id=partition)
+            now = time.perf_counter()
+            with self._lock:
+                window = self._windows[partition]
+                window.trajectories.append(row.trajectory)
+                window.build_s += t1 - t0
+                window.put_s += now - t1
+                window.last_done = now
+            remaining[i] -= 1
+            if remaining[i] == 0:
+                await publish(i, "finished")
+
+        rows = [groups[i][0]["gym_row"] for i, _ in slots]
+        envs = [str(groups[i][0]["gym_env"]) for i, _ in slots]
+        desc = "Gym validation rollouts" if validate else "Gym rollouts"
+        await self.core.run_step(rows, envs, overrides, on_row=on_row, desc=desc)
+
+    def _batch_done(self, future: concurrent.futures.Future[None]) -> None:
+        with self._lock:
+            self._inflight.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            logger.error("a Gym rollout batch failed (its groups are marked failure)", exc_info=future.exception())
+
+    def _cancel_inflight(self) -> None:
+        with self._lock:
+            inflight = list(self._inflight)
+        for future in inflight:
+            future.cancel()
+
+    # ---- weight versions ----------------------------------------------------------------------------------------
+
+    def _read_versions(self) -> tuple[int, int]:
+        """(min, max) ``global_steps`` over the replicas now (0 before the first sync)."""
+        refs = [h.__ray_call__.remote(_server_weight_version) for h in self.replica_handles.values()]
+        return self._remember([ray.get(ref, timeout=60) for ref in refs])
+
+    async def _read_versions_async(self) -> tuple[int, int]:
+        cached = self._version
+        if cached is not None and time.monotonic() - cached[0] < VERSION_CACHE_S:
+            return cached[1]
+        refs = [h.__ray_call__.remote(_server_weight_version) for h in self.replica_handles.values()]
+        return self._remember(list(await asyncio.gather(*refs)))
+
+    def _remember(self, values: list[int | None]) -> tuple[int, int]:
+        known = [int(v) for v in values if v is not None] or [0]
+        versions = (min(known), max(known))
+        self._version = (time.monotonic(), versions)
+        return versions

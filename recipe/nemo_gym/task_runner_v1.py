@@ -1,0 +1,175 @@
+"""verl's v1 (TransferQueue) TaskRunner and PPO trainer, with what NeMo Gym training needs on top.
+
+``python -m recipe.nemo_gym.main`` with ``trainer.use_v1=True`` (the shipped default) runs
+:data:`NemoGymTaskRunnerV1` through verl's own ``run_ppo``. It is verl 0.9.1's ``TaskRunnerV1``
+(``verl/trainer/main_ppo.py``: ``tq.init`` → trainer of ``trainer.v1.trainer_mode`` → ``init`` → rollout manager
+from ``rollout.agent.agent_loop_manager_class`` created with ``create(config=, llm_client=, teacher_client=,
+reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differences:
+
+1. ``masked_grpo`` is registered in this process (importing :mod:`recipe.nemo_gym.advantage`).
+2. The trainer is verl's registered class for the mode (``get_trainer_cls``: ``sync``, ``colocate_async``,
+   ``separate_async``) with :class:`NemoGymTrainerMixin` in front (:func:`nemo_gym_trainer_cls`):
+   - on CPU (``trainer.device=cpu``) the actor role runs ``cpu.platform.CpuActorRolloutRefWorker`` (gloo);
+   - ``onpolicy/*`` (rollout-vs-actor logprob gap, :func:`recipe.nemo_gym.task_runner.logprob_gap_metrics`) after
+     verl computed ``old_log_probs``;
+   - the rollout manager's metrics (``drain_metrics``: ``gym/...``) go into each step's metric dict under their own
+     names: verl's v1 trainer has no channel for rollout-manager metrics (verl PR #7255, open);
+   - verl's rollout-correction step is guarded against a step in which every sample is masked
+     (:mod:`recipe.nemo_gym.rollout_correction`);
+   - the replay buffer polls TransferQueue every 0.1 s, not verl's hard-wired 2 s (:func:`replay_poll_interval`).
+3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import ray
+from omegaconf import OmegaConf
+
+import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
+from recipe.nemo_gym import rollout_correction
+from recipe.nemo_gym.task_runner import logprob_gap_metrics
+
+logger = logging.getLogger(__name__)
+
+
+class NemoGymTrainerMixin:
+    """Put before one of verl's v1 ``PPOTrainer`` classes (:func:`nemo_gym_trainer_cls`); see the module docstring."""
+
+    config: Any
+    role_worker_mapping: dict[Any, Any]
+    agent_loop_manager: Any
+
+    def _init_resource_pool_mgr(self) -> None:
+        super()._init_resource_pool_mgr()  # type: ignore[misc]
+        if self.config.trainer.device == "cpu":
+            from verl.workers.engine_workers import ActorRolloutRefWorker
+
+            from recipe.nemo_gym.cpu.platform import CpuActorRolloutRefWorker
+
+            for role, cls in list(self.role_worker_mapping.items()):
+                if getattr(cls, "__ray_actor_class__", None) is ActorRolloutRefWorker:
+                    self.role_worker_mapping[role] = ray.remote(CpuActorRolloutRefWorker)
+
+    def _build_replay_buffer(self) -> Any:
+        """verl's replay buffer, polling TransferQueue every :func:`replay_poll_interval` seconds instead of its
+        hard-wired 2 s: a sync step otherwise waits up to 2 s after its last rollout (measured: ``timing_s/gen``
+        2.0 s for rollouts done in 0.5 s on the CPU toy run)."""
+        buffer = super()._build_replay_buffer()  # type: ignore[misc]
+        if hasattr(buffer, "poll_interval"):
+            buffer.poll_interval = replay_poll_interval(self.config)
+        return buffer
+
+    def fit(self, agent_loop_manager: Any) -> Any:
+        rollout_correction.install()
+        return super().fit(agent_loop_manager)  # type: ignore[misc]
+
+    def _compute_old_log_prob(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        batch = super()._compute_old_log_prob(batch, metrics)  # type: ignore[misc]
+        import transfer_queue as tq
+
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        try:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        except Exception as e:  # bypass mode or no rollout logprobs: nothing to compare
+            logger.debug("no onpolicy/* metrics this step: %r", e)
+            return batch
+        padded = data.to_padded_tensor()
+        metrics.update(
+            logprob_gap_metrics(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
+        )
+        return batch
+
+    def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        out = super()._compute_metrics(batch, metrics, *args, **kwargs)  # type: ignore[misc]
+        drain = getattr(getattr(self, "agent_loop_manager", None), "drain_metrics", None)
+        if drain is not None:
+            metrics.update(drain())
+        return out
+
+
+DEFAULT_POLL_INTERVAL_S = 0.1
+
+
+def replay_poll_interval(config: Any) -> float:
+    """``trainer.v1.sampler.sampler_kwargs.poll_interval_s`` (set it with ``+``), else
+    :data:`DEFAULT_POLL_INTERVAL_S`; each poll is one ``kv_list`` call to TransferQueue's controller."""
+    kwargs = config.trainer.v1.sampler.get("sampler_kwargs", None) or {}
+    value = kwargs.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        from nemo_gym_adapter.errors import AdapterConfigError
+
+        raise AdapterConfigError(f"trainer.v1.sampler.sampler_kwargs.poll_interval_s={value!r}: must be a number > 0")
+    return float(value)
+
+
+_TRAINER_CLASSES: dict[type, type] = {}
+
+
+def nemo_gym_trainer_cls(base: type) -> type:
+    """``NemoGym<base>``: :class:`NemoGymTrainerMixin` in front of verl's trainer class ``base`` (cached)."""
+    if base not in _TRAINER_CLASSES:
+        _TRAINER_CLASSES[base] = type(f"NemoGym{base.__name__}", (NemoGymTrainerMixin, base), {})
+    return _TRAINER_CLASSES[base]
+
+
+class NemoGymTaskRunnerV1Impl:
+    """verl's ``TaskRunnerV1`` sequence with the changes in the module docstring."""
+
+    def __init__(self) -> None:
+        self.config: Any = None
+        self.trainer: Any = None
+        self.agent_loop_manager: Any = None
+
+    def init_agent_loop_manager(self) -> None:
+        """As verl's ``TaskRunnerV1.init_agent_loop_manager``: the configured class (verl's default otherwise)."""
+        from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+        from verl.utils.import_utils import load_class_from_fqn
+
+        fqn = self.config.actor_rollout_ref.rollout.get("agent", {}).get("agent_loop_manager_class")
+        manager_cls = load_class_from_fqn(fqn, "AgentLoopManager") if fqn else AgentLoopManagerTQ
+        self.agent_loop_manager = manager_cls.create(
+            config=self.config,
+            llm_client=self.trainer.get_llm_client(),
+            teacher_client=self.trainer.get_teacher_client(),
+            reward_loop_worker_handles=self.trainer.get_reward_handles(),
+        )
+
+    def run(self, config: Any) -> None:
+        import transfer_queue as tq
+        from verl.trainer.ppo.v1 import get_trainer_cls
+        from verl.utils.logging_utils import configure_verl_logging
+
+        configure_verl_logging()
+        print(
+            f"NeMo Gym TaskRunner (v1, {config.trainer.v1.trainer_mode}) on {socket.gethostname()}, pid {os.getpid()}"
+        )
+        trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
+        config.transfer_queue.enable = True
+        OmegaConf.resolve(config)
+        self.config = config
+        tq.init(config.transfer_queue)
+        succeeded = False
+        try:
+            self.trainer = trainer_cls(config=config)
+            self.trainer.init()
+            self.init_agent_loop_manager()
+            self.trainer.fit(self.agent_loop_manager)
+            succeeded = True
+        finally:
+            try:
+                if self.agent_loop_manager is not None and hasattr(self.agent_loop_manager, "shutdown"):
+                    self.agent_loop_manager.shutdown()
+                tracking = getattr(self.trainer, "logger", None)
+                if tracking is not None:
+                    tracking.finish(exit_code=0 if succeeded else 1)
+            finally:
+                tq.close()
+
+
+NemoGymTaskRunnerV1 = ray.remote(NemoGymTaskRunnerV1Impl)
+"""The Ray actor class ``run_ppo(config, task_runner_class=NemoGymTaskRunnerV1)`` expects."""

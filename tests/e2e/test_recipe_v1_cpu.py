@@ -1,0 +1,135 @@
+"""The hydra-launched recipe on verl's v1 (TransferQueue) trainer on CPU, end to end, as a user launches it (the
+default: ``trainer.use_v1=True``, ``trainer.v1.trainer_mode=sync``).
+
+One subprocess: verl's v1 ``PPOTrainerSync`` with the FSDP2 actor on CPU, real TransferQueue, the CPU vLLM replica
+(patched), NeMo Gym (``example_single_tool_call``) started by our manager (``recipe.nemo_gym.agent_loop_tq``), two
+GRPO steps (``masked_grpo``) with a weight sync after each. Checked from verl's console logger: both steps are logged
+with the rollout metrics under their own names (``gym/<env>/reward_mean``, ``gym/all/masked_rate/<reason>``, never
+``timing_s/gym/...``), the on-policy gap, verl's staleness metrics computed from the weight-version tags we stamp
+(a sample generated under weight version k = step - 1 carries k), and the engine probe moves after step 1 (the weight
+sync reached vLLM). A second, one-step run has every rollout masked: the groups still finish (the replay buffer does
+not stall), counted by reason. No process may be left. Helpers are the legacy e2e's
+(``tests/e2e/test_recipe_cpu_smoke.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from nemo_gym_adapter.trajectory import MaskReason
+from tests.e2e import test_recipe_cpu_smoke as legacy
+from tests.e2e.test_recipe_cpu_smoke import ENV, GAP_TOL, LR, PROBE_MIN_MOVE, STEPS, _parse_steps, _run_recipe
+
+reaped_children = legacy.reaped_children  # the legacy e2e's fixture: this process reaps what the run leaves
+pytestmark = pytest.mark.e2e
+
+V1 = ("trainer.use_v1=true", "trainer.v1.trainer_mode=sync")
+
+
+def _masked_counts_add_up(m: dict[str, float]) -> None:
+    by_reason = sum(m[f"gym/all/masked_rate/{r.value}"] for r in MaskReason)
+    assert by_reason == pytest.approx(m["gym/all/masked_rate"]), m
+
+
+def test_two_grpo_steps_on_v1_with_plain_gym_metrics_and_no_orphans(tmp_path, reaped_children):
+    text, wall = _run_recipe(
+        tmp_path, *V1, f"trainer.total_training_steps={STEPS}", f"actor_rollout_ref.actor.optim.lr={LR}"
+    )
+    assert "PPOTrainerSync" in text or "v1, sync" in text, text[-3000:]
+    steps = _parse_steps(text)
+    assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    for step, m in steps.items():
+        assert not [k for k in m if k.startswith("timing_s/gym")], sorted(m)  # plain names, not timings
+        for key in (
+            f"gym/{ENV}/reward_mean",
+            "gym/all/masked_rate",
+            "gym/all/masked_rate/non_contiguous",
+            "gym/all/contiguity_rate",
+            "gym/timing/rollout_s",
+            "gym/engine/probe_logprob_mean",
+            "onpolicy/logprob_abs_diff_mean",
+            "onpolicy/kl_k3",
+            "actor/pg_loss",
+        ):
+            assert key in m and math.isfinite(m[key]), (step, key, sorted(m))
+        assert m["gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every sample put and trained
+        _masked_counts_add_up(m)
+        assert m["onpolicy/num_tokens"] > 0
+        assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
+        # verl computes these from our min/max_global_steps tags: generated under weight version step - 1, in one go.
+        assert m["training/off_policy/trajectory_staleness/max"] == 0, (step, m)
+        assert m["training/off_policy/trajectory_staleness_worst/max"] == 0, (step, m)
+        assert m["training/off_policy/trajectory_spans/max"] == 1, (step, m)
+    probes = [steps[s]["gym/engine/probe_logprob_mean"] for s in sorted(steps)]
+    assert abs(probes[1] - probes[0]) > PROBE_MIN_MOVE, f"rollout engine weights did not change after step 1: {probes}"
+    print(
+        f"v1 engine probe per step: {probes}; recipe: {wall:.0f}s wall; per step "
+        + ", ".join(
+            f"{s}: gen {m['timing_s/gen']:.1f}s step {m['timing_s/step']:.1f}s rollout {m['gym/timing/rollout_s']:.1f}s "
+            f"put {m['gym/timing/tq_put_s']:.3f}s gap {m['onpolicy/logprob_abs_diff_mean']:.1e}"
+            for s, m in sorted(steps.items())
+        )
+    )
+    assert not (tmp_path / "gym" / "gym.pid").exists()  # the manager stopped Gym itself
+    left = reaped_children()
+    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
+
+
+def test_a_v1_step_with_every_sample_masked_finishes_and_counts_the_reason(tmp_path, reaped_children):
+    """Every rollout masked (prompts longer than ``data.max_prompt_length``): each group is still published
+    ``finished`` with its masked samples, so verl's replay buffer samples it (no stall, no "no materializable
+    trajectories" error) and the step trains on nothing."""
+    text, wall = _run_recipe(tmp_path, *V1, "trainer.total_training_steps=1", "data.max_prompt_length=16")
+    steps = _parse_steps(text)
+    assert sorted(steps) == [1], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    m = steps[1]
+    assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
+    _masked_counts_add_up(m)
+    assert m["gym/all/num_samples"] == 2 * 4 and m["onpolicy/num_tokens"] == 0
+    assert math.isnan(m["onpolicy/logprob_abs_diff_mean"])
+    print(f"v1 all-masked step: {wall:.0f}s wall; actor/pg_loss {m.get('actor/pg_loss')}")
+    assert not (tmp_path / "gym" / "gym.pid").exists()
+    left = reaped_children()
+    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
+
+
+ASYNC_STEPS = 10
+
+
+@pytest.mark.skipif(
+    os.environ.get("NGV_E2E_ASYNC") != "1",
+    reason="opt-in (NGV_E2E_ASYNC=1): its one run passed every training/staleness check but left two Ray agents "
+    "(DashboardAgent, RuntimeEnvAgent, started ~10 s after the run's last line) behind; see docs/V1_NOTES.md",
+)
+def test_colocated_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp_path, reaped_children):
+    """verl's ``colocate_async`` mode on the README demo (toy environment, one-letter replies): rollouts of the next
+    batches run while the actor trains, so some steps train on samples generated under the previous weights. Every
+    sample carries the weight version the vLLM servers held when it was generated (``min/max_global_steps``), which
+    verl turns into staleness metrics: never negative (no sample claims weights newer than the trainer's), 0 on step 1
+    (everything was generated under version 0), at least 1 on some step (the overlap happened)."""
+    text, wall = _run_recipe(
+        tmp_path,
+        "trainer.use_v1=true",
+        "trainer.v1.trainer_mode=colocate_async",
+        f"trainer.total_training_steps={ASYNC_STEPS}",
+        config_name="nemo_gym_cpu_toy",
+    )
+    steps = _parse_steps(text)
+    assert sorted(steps) == list(range(1, ASYNC_STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    stale = [steps[s]["training/off_policy/trajectory_staleness/max"] for s in sorted(steps)]
+    for s, m in steps.items():
+        assert m["training/off_policy/trajectory_staleness/min"] >= 0, (s, m)
+        assert m["training/off_policy/trajectory_spans/min"] >= 1, (s, m)
+        assert (
+            m["training/off_policy/trajectory_staleness_worst/max"] >= m["training/off_policy/trajectory_staleness/max"]
+        )
+        if "gym/all/masked_rate" in m:  # rollouts finished during this step (async: not every step)
+            _masked_counts_add_up(m)
+    assert stale[0] == 0 and max(stale) >= 1, f"staleness per step: {stale}"
+    print(f"colocate_async: {wall:.0f}s wall; staleness max per step {stale}")
+    assert not (tmp_path / "gym" / "gym.pid").exists()
+    left = reaped_children()
+    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"

@@ -1,0 +1,89 @@
+"""Unit tests of the recipe's v1 trainer mixin (``recipe.nemo_gym.task_runner_v1``) over a fake of verl's v1
+``PPOTrainer`` (the real one runs in tests/e2e/test_recipe_v1_cpu.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import ray
+from omegaconf import OmegaConf
+
+from recipe.nemo_gym.task_runner_v1 import NemoGymTrainerMixin, nemo_gym_trainer_cls
+
+
+class FakeV1Trainer:
+    """What the mixin overrides of verl's ``PPOTrainer``, recording calls."""
+
+    def __init__(self, device: str) -> None:
+        self.config = OmegaConf.create({"trainer": {"device": device, "v1": {"sampler": {"sampler_kwargs": {}}}}})
+        self.calls: list[str] = []
+
+    def _init_resource_pool_mgr(self) -> None:
+        from verl.workers.engine_workers import ActorRolloutRefWorker
+
+        self.role_worker_mapping = {"actor_rollout": ray.remote(ActorRolloutRefWorker), "critic": object()}
+
+    def _build_replay_buffer(self) -> Any:
+        return SimpleNamespace(poll_interval=2.0)  # verl's ReplayBuffer default
+
+    def _compute_metrics(self, batch: Any, metrics: dict, timing_raw: dict, global_steps: int, epoch: int) -> None:
+        self.calls.append("verl metrics")
+        metrics["training/global_step"] = global_steps
+
+
+class FakeManager:
+    def __init__(self) -> None:
+        self.drained = 0
+
+    def drain_metrics(self) -> dict[str, float]:
+        self.drained += 1
+        return {"gym/all/reward_mean": 0.5, "gym/all/masked_rate/timeout": 0.25}
+
+
+def test_trainer_class_is_cached_and_keeps_verls_base():
+    cls = nemo_gym_trainer_cls(FakeV1Trainer)
+    assert cls is nemo_gym_trainer_cls(FakeV1Trainer) and cls.__name__ == "NemoGymFakeV1Trainer"
+    assert cls.__mro__[1:3] == (NemoGymTrainerMixin, FakeV1Trainer)
+
+
+def test_cpu_maps_the_actor_role_to_the_gloo_worker_and_gpu_keeps_verls():
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from recipe.nemo_gym.cpu.platform import CpuActorRolloutRefWorker
+
+    cls = nemo_gym_trainer_cls(FakeV1Trainer)
+    cpu, gpu = cls("cpu"), cls("cuda")
+    cpu._init_resource_pool_mgr()
+    gpu._init_resource_pool_mgr()
+    assert cpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is CpuActorRolloutRefWorker
+    assert gpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is ActorRolloutRefWorker
+
+
+def test_rollout_metrics_join_the_step_metrics_under_their_own_names():
+    trainer = nemo_gym_trainer_cls(FakeV1Trainer)("cpu")
+    trainer.agent_loop_manager = FakeManager()
+    metrics: dict[str, Any] = {"timing_s/step": 1.0}
+    trainer._compute_metrics(None, metrics, {}, global_steps=3, epoch=0)
+    assert trainer.calls == ["verl metrics"] and trainer.agent_loop_manager.drained == 1
+    assert metrics["gym/all/reward_mean"] == 0.5 and metrics["gym/all/masked_rate/timeout"] == 0.25
+    assert not any(k.startswith("timing_s/gym") for k in metrics)
+    bare = nemo_gym_trainer_cls(FakeV1Trainer)("cpu")  # verl's own manager: nothing to drain, nothing added
+    bare.agent_loop_manager = object()
+    metrics = {}
+    bare._compute_metrics(None, metrics, {}, global_steps=1, epoch=0)
+    assert metrics == {"training/global_step": 1}
+
+
+def test_replay_buffer_polls_often_unless_configured():
+    from nemo_gym_adapter.errors import AdapterConfigError
+    from recipe.nemo_gym.task_runner_v1 import DEFAULT_POLL_INTERVAL_S
+
+    trainer = nemo_gym_trainer_cls(FakeV1Trainer)("cpu")
+    assert trainer._build_replay_buffer().poll_interval == DEFAULT_POLL_INTERVAL_S < 2.0
+    trainer.config.trainer.v1.sampler.sampler_kwargs = {"poll_interval_s": 0.5}
+    assert trainer._build_replay_buffer().poll_interval == 0.5
+    trainer.config.trainer.v1.sampler.sampler_kwargs = {"poll_interval_s": 0}
+    with pytest.raises(AdapterConfigError, match="sampler_kwargs.poll_interval_s=0"):
+        trainer._build_replay_buffer()
