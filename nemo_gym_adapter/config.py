@@ -133,6 +133,7 @@ class NemoGymConfig(_Section):
         if sum(weights.values()) <= 0:
             raise ValueError(f"every weight is 0 ({weights}): at least one environment must be sampled")
         return weights
+
     # A dead Gym server or vLLM replica (nemo_gym_adapter.liveness): its rows are masked `server_down` (mask), Gym
     # is restarted before the next step (restart; only a Gym we started, else mask), or the run stops (fail).
     on_server_down: Literal["mask", "restart", "fail"] = "restart"
