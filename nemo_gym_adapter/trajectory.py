@@ -388,15 +388,23 @@ def trajectory_from_outcome(outcome: OutcomeLike, *, env_name: str, config: Traj
         return failed_trajectory(outcome.failure, env_name=env_name, row_index=outcome.index, latency_s=latency)
     if outcome.result is None:
         raise AdapterError(f"row {outcome.index}: rollout outcome has neither a result nor a failure")
+    where = f"row {outcome.index}: /run result"
     try:
-        result = parse_run_result(outcome.result, where=f"row {outcome.index}: /run result")
+        result = parse_run_result(outcome.result, where=where)
     except GymServerError as e:
-        return Trajectory(
-            env_name=env_name,
-            masked_reason=MaskReason.INVALID_RESULT,
-            detail=str(e),
-            failure_kind="client:invalid_result",
-            latency_s=latency,
-            row_index=outcome.index,
-        )
-    return build_trajectory(result, env_name=env_name, config=config, row_index=outcome.index, latency_s=latency)
+        detail = str(e)
+    else:
+        try:
+            return build_trajectory(
+                result, env_name=env_name, config=config, row_index=outcome.index, latency_s=latency
+            )
+        except OverflowError:  # pydantic's StrictInt accepts any Python int, int64 does not
+            detail = f"{where}: {result.first_id_beyond_int64()} does not fit in int64"
+    return Trajectory(
+        env_name=env_name,
+        masked_reason=MaskReason.INVALID_RESULT,
+        detail=detail,
+        failure_kind="client:invalid_result",
+        latency_s=latency,
+        row_index=outcome.index,
+    )

@@ -220,6 +220,16 @@ class GymRunResult(WireModel):
             and item.generation_log_probs is not None
         ]
 
+    def first_id_beyond_int64(self) -> str:
+        """JSON path and value of the first token id int64 cannot hold (StrictInt accepts any Python int; error
+        path only, so a Python loop is fine)."""
+        for i, item in enumerate(self.response.output):
+            for name in ("prompt_token_ids", "generation_token_ids"):
+                for j, v in enumerate(getattr(item, name) or ()):
+                    if not -(2**63) <= v < 2**63:
+                        return f"response.output[{i}].{name}[{j}] = {v}"
+        return "a token id"
+
 
 def describe_validation_error(error: ValidationError, *, max_errors: int = 5) -> str:
     """One line per pydantic error, each with its JSON path (``response.output[3].generation_log_probs``)."""
