@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import array
 import enum
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -136,6 +135,16 @@ def _frozen(values: Sequence[Any] | np.ndarray, dtype: Any) -> np.ndarray:
         arr = np.frombuffer(array.array(code, values), dtype=dtype)
     except (TypeError, OverflowError):  # not a list of plain numbers, or out of the C type's range: numpy decides
         arr = np.array(values, dtype=dtype)
+    arr.flags.writeable = False
+    return arr
+
+
+def _frozen_concat(parts: Sequence[Sequence[Any]], dtype: Any, n: int) -> np.ndarray:
+    """The first ``n`` values of the concatenated ``parts``, read-only; each part converted on its own (no joined
+    Python list: building one costs as much as converting it)."""
+    if len(parts) == 1:
+        return _frozen(parts[0][:n] if len(parts[0]) > n else parts[0], dtype)
+    arr = np.concatenate([_frozen(p, dtype) for p in parts])[:n]
     arr.flags.writeable = False
     return arr
 
@@ -353,13 +362,14 @@ def build_trajectory(
         return masked(MaskReason.EMPTY_GENERATION, f"{where}: the model calls sampled no tokens")
 
     last = kept[-1]
-    response = (last.prompt_token_ids[base:] + last.generation_token_ids)[:end]
-    logprobs = list(itertools.chain.from_iterable(c.generation_log_probs for c in kept))[:n_sampled]
+    response_parts = (
+        [last.prompt_token_ids[base:], last.generation_token_ids] if len(kept) > 1 else [last.generation_token_ids]
+    )
     return Trajectory(
         prompt_ids=kept_prompt,  # = first_prompt here: it fits prompt_length (checked above)
-        response_ids=_frozen(response, np.int64),
+        response_ids=_frozen_concat(response_parts, np.int64, end),
         sampled_spans=tuple(spans),
-        sampled_logprobs=_frozen(logprobs, np.float32),
+        sampled_logprobs=_frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled),
         reward=float(result.reward),
         truncated=truncated,
         contiguity_failure=n_ok < len(calls),
@@ -378,15 +388,23 @@ def trajectory_from_outcome(outcome: OutcomeLike, *, env_name: str, config: Traj
         return failed_trajectory(outcome.failure, env_name=env_name, row_index=outcome.index, latency_s=latency)
     if outcome.result is None:
         raise AdapterError(f"row {outcome.index}: rollout outcome has neither a result nor a failure")
+    where = f"row {outcome.index}: /run result"
     try:
-        result = parse_run_result(outcome.result, where=f"row {outcome.index}: /run result")
+        result = parse_run_result(outcome.result, where=where)
     except GymServerError as e:
-        return Trajectory(
-            env_name=env_name,
-            masked_reason=MaskReason.INVALID_RESULT,
-            detail=str(e),
-            failure_kind="client:invalid_result",
-            latency_s=latency,
-            row_index=outcome.index,
-        )
-    return build_trajectory(result, env_name=env_name, config=config, row_index=outcome.index, latency_s=latency)
+        detail = str(e)
+    else:
+        try:
+            return build_trajectory(
+                result, env_name=env_name, config=config, row_index=outcome.index, latency_s=latency
+            )
+        except OverflowError:  # pydantic's StrictInt accepts any Python int, int64 does not
+            detail = f"{where}: {result.first_id_beyond_int64()} does not fit in int64"
+    return Trajectory(
+        env_name=env_name,
+        masked_reason=MaskReason.INVALID_RESULT,
+        detail=detail,
+        failure_kind="client:invalid_result",
+        latency_s=latency,
+        row_index=outcome.index,
+    )

@@ -3,7 +3,8 @@
 Synthetic multi-turn tool-calling results in Gym's shape (ids on the last item of each model call, tool outputs
 between calls, a contiguous history). Timed stages, each from the previous stage's output:
 
-* ``parse``: pydantic validation of the ``/run`` JSON objects (in training this happens as each result arrives);
+* ``parse``: validation of the ``/run`` JSON objects (pydantic; the token lists by one C-level pass over their
+  element types, :class:`nemo_gym_adapter.wire.OutputItem`; in training this happens as each result arrives);
 * ``build``: :func:`build_trajectory` per row (contiguity check, spans, budget/truncation, numpy arrays);
 * ``pad``:   :func:`pad_trajectories` for the whole batch (vectorised);
 * ``naive``: a per-token Python loop doing build + pad from the raw dicts, as a baseline;

@@ -135,6 +135,17 @@ def test_invalid_result_is_masked_with_json_path():
     assert "row 3" in t.detail and "response.output[0]" in t.detail
 
 
+@pytest.mark.parametrize("field", ["prompt_token_ids", "generation_token_ids"])
+def test_id_beyond_int64_is_masked_not_raised(field):
+    """StrictInt accepts any Python int; one that int64 cannot hold masks its row (it used to raise OverflowError
+    out of the step)."""
+    bad = handmade_multiturn(P0, [G0], [])
+    bad["response"]["output"][0][field] = [*bad["response"]["output"][0][field][:-1], 2**70]
+    t = trajectory_from_outcome(FakeOutcome(5, 1.0, result=bad), env_name="e", config=CFG)
+    assert t.masked_reason is MaskReason.INVALID_RESULT and t.failure_kind == "client:invalid_result"
+    assert "row 5" in t.detail and f"response.output[0].{field}[" in t.detail and str(2**70) in t.detail
+
+
 def test_context_overflow_on_a_later_call():
     output = handmade_multiturn(P0, [G0, G1], [E0])["response"]["output"][:-1]  # drop the final call ...
     output.append(handmade_message(""))  # ... vLLM 400 → empty message without ids

@@ -42,6 +42,18 @@ def test_models_are_frozen():
         ({**IDS, "generation_log_probs": []}, "generation_token_ids has 1 ids but generation_log_probs has 0"),
         ({**IDS, "prompt_token_ids": ["1"]}, "response.output[0].prompt_token_ids[0]"),
         ({**IDS, "prompt_token_ids": [1.5]}, "valid integer"),
+        # The fast path (one pass over the element types) must reject what StrictInt rejects, at the same path.
+        (
+            {**IDS, "prompt_token_ids": [5, 1.0]},
+            "response.output[0].prompt_token_ids[1]: Input should be a valid integer",
+        ),
+        (
+            {**IDS, "generation_token_ids": [True]},
+            "response.output[0].generation_token_ids[0]: Input should be a valid",
+        ),
+        ({**IDS, "generation_token_ids": [None]}, "response.output[0].generation_token_ids[0]"),
+        ({**IDS, "prompt_token_ids": {"0": 1}}, "response.output[0].prompt_token_ids: Input should be a valid list"),
+        ({**IDS, "generation_log_probs": ["x"]}, "response.output[0].generation_log_probs[0]: Input should be a valid"),
     ],
 )
 def test_token_fields_are_validated_with_json_path(item, message):
@@ -97,3 +109,21 @@ def test_params_field_list_is_gyms():
         "metadata",
     } <= RESPONSES_CREATE_PARAMS_FIELDS
     assert "tool" not in RESPONSES_CREATE_PARAMS_FIELDS and "max_tokens" not in RESPONSES_CREATE_PARAMS_FIELDS
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_token_fields_fast_and_slow_paths_give_the_same_values(as_json):
+    """Clean lists pass as they are; anything pydantic converts (ints or numeric strings as logprobs) it still does."""
+    clean = _result([dict(IDS)])
+    mixed = _result([{**IDS, "generation_token_ids": [3, 4], "generation_log_probs": [-1, "-0.5"]}])
+    for payload in (clean, mixed):
+        r = parse_run_result(json.dumps(payload) if as_json else payload)
+        (_, call), *_ = r.model_calls()
+        item = payload["response"]["output"][0]
+        assert (
+            call.prompt_token_ids == item["prompt_token_ids"]
+            and call.generation_token_ids == item["generation_token_ids"]
+        )
+        assert call.generation_log_probs == [float(x) for x in item["generation_log_probs"]]
+        assert all(type(x) is float for x in call.generation_log_probs)
+        assert all(type(x) is int for x in call.prompt_token_ids + call.generation_token_ids)
