@@ -21,7 +21,7 @@ metrics (``gym/<env>/reward_mean``, ``gym/all/masked_rate/<reason>``, ``gym/all/
 ``meta_info[GYM_METRICS_KEY]`` to the recipe's trainer, which logs them under those plain names
 (``recipe.nemo_gym.task_runner``); ``timing`` stays empty (verl times the call itself as ``timing_s/gen``).
 Validation batches are collected into a :class:`~nemo_gym_adapter.validation.ValidationPass`, whose metrics the
-trainer takes with :meth:`NemoGymAgentLoopManager.pop_validation_metrics` after verl's own validation.
+trainer takes with ``pop_validation_metrics`` (``manager_base.GymManagerBase``) after verl's own validation.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from verl.protocol import DataProto
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.padding import pad_trajectories
 from nemo_gym_adapter.rollout_core import BlockingRolloutCore
-from nemo_gym_adapter.validation import ValidationPass
 from recipe.nemo_gym.manager_base import GymManagerBase
 
 GYM_METRICS_KEY = "nemo_gym_metrics"
@@ -48,26 +47,12 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
     """verl ``AgentLoopManager`` whose rollouts are NeMo Gym ``/run`` calls (see the module docstring)."""
 
     runner: BlockingRolloutCore
-    validation: ValidationPass
 
     def start(self) -> None:
         super().start()
         assert self.core is not None  # start() built it
         self.runner = BlockingRolloutCore(self.core)  # verl calls generate_sequences synchronously
         self.on_shutdown("rollout core", self.runner.close)
-        self.validation = self.new_validation_pass()
-
-    def new_validation_pass(self) -> ValidationPass:
-        assert self.core is not None
-        metrics = self.recipe.gym.metrics
-        return ValidationPass(
-            self.core.routes, success_threshold=metrics.success_threshold, gym_aggregate=metrics.gym_aggregate
-        )
-
-    def pop_validation_metrics(self) -> dict[str, float]:
-        """The metrics of the validation rows seen since the last call (``validation.ValidationPass``); resets."""
-        finished, self.validation = self.validation, self.new_validation_pass()
-        return finished.metrics()
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Run every row through Gym; return verl's legacy padded batch, one output row per input row."""
@@ -82,7 +67,7 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
         padded = pad_trajectories(step.trajectories, **lengths, pad_token_id=self.pad_token_id)
         output = DataProto.from_dict(tensors=padded.tensors, non_tensors=padded.non_tensors)
         if validate:
-            self.validation.add(step.rows, task_indices(prompts))
+            self.add_validation_rows(step.rows, task_indices(prompts))
             metrics: dict[str, float] = {}
         else:
             metrics = {**step.metrics, **self.engine_probe_metrics()}

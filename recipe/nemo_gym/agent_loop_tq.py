@@ -37,8 +37,12 @@ weight sync) when the batch is dispatched and when the sample comes back.
 
 **Metrics**: the rollouts finished since the last call of :meth:`drain_metrics` (the recipe's v1 trainer calls it
 once per step and puts the result into the step's metric dict under their own names: ``gym/<env>/reward_mean``,
-``gym/all/masked_rate/<reason>``, ``gym/timing/*``, ``gym/engine/probe_logprob_mean``; validation ones as
-``val-aux/gym/...``, verl's prefix for auxiliary validation metrics).
+``gym/all/masked_rate/<reason>``, ``gym/timing/*``, ``gym/engine/probe_logprob_mean``; the last validation pass's
+timings as ``val-aux/gym/timing/*``). **Validation** samples (partition ``val``, ``rollout.val_kwargs`` sampling and
+``n``) are also collected, as the legacy manager's, into ``GymManagerBase``'s
+:class:`~nemo_gym_adapter.validation.ValidationPass` before their group is published ``finished``; the recipe's v1
+trainer takes its per-environment metrics and Gym's ``/aggregate_metrics`` after verl's ``_validate``
+(``task_runner_v1.NemoGymTrainerMixin._validate``).
 """
 
 from __future__ import annotations
@@ -99,6 +103,15 @@ def split_prompts(batch: TensorDict) -> list[dict[str, Any]]:
     return prompts
 
 
+def task_index(prompt: Mapping[str, Any], position: int) -> int:
+    """The prompt's dataset row (``GymJsonlDataset``'s ``index``), else its position in the batch."""
+    index = prompt.get("index")
+    try:
+        return int(index) if index is not None else position
+    except (TypeError, ValueError):
+        return position
+
+
 def sample_record(
     prompt: Mapping[str, Any],
     session_id: int,
@@ -151,8 +164,9 @@ class RolloutWindow:
     put_s: float = 0.0  # summed latency of the TransferQueue puts (they overlap: not wall time)
     dispatch_s: float = 0.0  # generate_sequences itself (the trainer's thread)
 
-    def metrics(self, prefix: str, success_threshold: float | None) -> dict[str, float]:
-        out = compute_metrics(self.trajectories, prefix=prefix, success_threshold=success_threshold)
+    def metrics(self, prefix: str, success_threshold: float | None, *, rollouts: bool = True) -> dict[str, float]:
+        """Timings, and with ``rollouts`` the rollouts' own metrics (``metrics.compute_metrics``)."""
+        out = compute_metrics(self.trajectories, prefix=prefix, success_threshold=success_threshold) if rollouts else {}
         if self.trajectories and self.first_dispatch is not None and self.last_done is not None:
             span = max(self.last_done - self.first_dispatch, 1e-9)
             out[f"{prefix}/timing/rollout_s"] = span
@@ -215,7 +229,8 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
             probe, self._probe = self._probe, {}
             inflight = len(self._inflight)
         prefix = self.core.metrics_prefix if self.core is not None else "gym"
-        out = windows["train"].metrics(prefix, threshold) | windows["val"].metrics(f"val-aux/{prefix}", threshold)
+        out = windows["train"].metrics(prefix, threshold)
+        out.update(windows["val"].metrics(f"val-aux/{prefix}", threshold, rollouts=False))
         out.update(probe)
         out[f"{prefix}/v1/batches_in_flight"] = float(inflight)
         return out
@@ -302,6 +317,8 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
                 window.build_s += t1 - t0
                 window.put_s += now - t1
                 window.last_done = now
+            if validate:  # before the group is published finished, so verl's _validate returns after it
+                self.add_validation_rows([row], [task_index(groups[i][0], i)])
             remaining[i] -= 1
             if remaining[i] == 0:
                 await publish(i, "finished")

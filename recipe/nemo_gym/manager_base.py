@@ -26,8 +26,9 @@ import atexit
 import json
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -48,8 +49,9 @@ from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
 from nemo_gym_adapter.rollout_client import RolloutClientConfig
-from nemo_gym_adapter.rollout_core import RolloutCore
+from nemo_gym_adapter.rollout_core import RolloutCore, RowResult
 from nemo_gym_adapter.trajectory import TrajectoryConfig
+from nemo_gym_adapter.validation import ValidationPass
 from nemo_gym_adapter.vllm_patch import PatchReport, apply_patch_to_actors, find_vllm_server_actors
 
 logger = logging.getLogger(__name__)
@@ -93,6 +95,8 @@ class GymManagerBase:
         self.setup_seconds: dict[str, float] = {}
         self._cleanups: list[tuple[str, Callable[[], None]]] = []  # undone newest first by shutdown()
         self._closed = False
+        self._validation: ValidationPass | None = None  # the validation rows since the last pop
+        self._validation_lock = threading.Lock()  # the v1 manager adds from its event-loop thread
 
     @classmethod
     @auto_await
@@ -172,6 +176,26 @@ class GymManagerBase:
             "top_p": r.val_top_p if validate else r.top_p,
             "max_output_tokens": r.response_length,
         }
+
+    def add_validation_rows(self, rows: Iterable[RowResult], task_indices: Sequence[int]) -> None:
+        """Collect validation rows (``task_indices[i]``: the dataset row of ``rows[i]``) into the current
+        :class:`~nemo_gym_adapter.validation.ValidationPass`; both managers call it for every validation sample."""
+        with self._validation_lock:
+            if self._validation is None:
+                assert self.core is not None, "validation rows before start()"
+                metrics = self.recipe.gym.metrics
+                self._validation = ValidationPass(
+                    self.core.routes, success_threshold=metrics.success_threshold, gym_aggregate=metrics.gym_aggregate
+                )
+            self._validation.add(rows, task_indices)
+
+    def pop_validation_metrics(self) -> dict[str, float]:
+        """The metrics of the validation rows collected since the last call (``ValidationPass.metrics``: ours per
+        environment plus Gym's ``/aggregate_metrics``), and reset; ``{}`` when there were none. Both recipe trainers
+        call it after verl's own ``_validate``."""
+        with self._validation_lock:
+            finished, self._validation = self._validation, None
+        return finished.metrics() if finished is not None else {}
 
     def engine_probe_metrics(self) -> dict[str, float]:
         """``gym/engine/probe_logprob_mean``: the first replica's mean log-probability of :data:`policy.PROBE_TEXT`

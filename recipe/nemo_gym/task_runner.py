@@ -197,9 +197,16 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
 def train_sampler(config: Any, dataset: Any, default: Any) -> Any:
     """``EnvWeightedSampler`` when ``nemo_gym.env_weights`` is set (each batch holds every environment's share),
     else verl's own sampler (``default(config.data, dataset)``)."""
+    sampler = env_weighted_sampler(config, dataset)
+    return default(config.data, dataset) if sampler is None else sampler
+
+
+def env_weighted_sampler(config: Any, dataset: Any) -> EnvWeightedSampler | None:
+    """The training sampler of ``nemo_gym.env_weights`` over ``dataset`` (a ``GymJsonlDataset``), or None when it
+    is not set; both trainers use it (legacy: :func:`train_sampler`, v1: ``NemoGymTrainerMixin._init_dataloader``)."""
     weights = load_config(config, check_files=False).gym.env_weights
     if weights is None:
-        return default(config.data, dataset)
+        return None
     names, codes = dataset.rows.store.env_codes()
     sampler = EnvWeightedSampler(names, codes, weights, int(config.data.train_batch_size), config.data.get("seed"))
     logger.info("training batches by environment share: %s", sampler.shares)

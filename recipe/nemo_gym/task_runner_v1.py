@@ -16,7 +16,11 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
      names: verl's v1 trainer has no channel for rollout-manager metrics (verl PR #7255, open);
    - verl's rollout-correction step is guarded against a step in which every sample is masked
      (:mod:`recipe.nemo_gym.rollout_correction`);
-   - the replay buffer polls TransferQueue every 0.1 s, not verl's hard-wired 2 s (:func:`replay_poll_interval`).
+   - the replay buffer polls TransferQueue every 0.1 s, not verl's hard-wired 2 s (:func:`replay_poll_interval`);
+   - after verl's ``_validate``, the manager's per-environment validation metrics and Gym's ``/aggregate_metrics``
+     (``pop_validation_metrics``: the legacy trainer's ``nemo_gym_adapter.validation.ValidationPass``);
+   - with ``nemo_gym.env_weights`` the training dataloader samples with the legacy trainer's
+     ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
 """
 
@@ -32,7 +36,7 @@ from omegaconf import OmegaConf
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
 from recipe.nemo_gym import rollout_correction
-from recipe.nemo_gym.task_runner import logprob_gap_metrics
+from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +47,8 @@ class NemoGymTrainerMixin:
     config: Any
     role_worker_mapping: dict[Any, Any]
     agent_loop_manager: Any
+    train_dataset: Any
+    train_dataloader: Any
 
     def _init_resource_pool_mgr(self) -> None:
         super()._init_resource_pool_mgr()  # type: ignore[misc]
@@ -63,6 +69,34 @@ class NemoGymTrainerMixin:
         if hasattr(buffer, "poll_interval"):
             buffer.poll_interval = replay_poll_interval(self.config)
         return buffer
+
+    def _init_dataloader(self) -> None:
+        """verl's dataloaders; with ``nemo_gym.env_weights`` the training one draws from the same
+        ``env_sampling.EnvWeightedSampler`` the legacy trainer uses (:func:`env_weighted_sampler`), verl's
+        ``create_rl_sampler`` otherwise. Rebuilt with verl's own arguments (batch size, workers, collate_fn)."""
+        super()._init_dataloader()  # type: ignore[misc]
+        sampler = env_weighted_sampler(self.config, self.train_dataset)
+        if sampler is not None:
+            from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped]
+
+            built = self.train_dataloader
+            self.train_dataloader = StatefulDataLoader(
+                dataset=self.train_dataset,
+                batch_size=built.batch_size,
+                num_workers=built.num_workers,
+                drop_last=built.drop_last,
+                collate_fn=built.collate_fn,
+                sampler=sampler,
+            )
+
+    def _validate(self, *args: Any, **kwargs: Any) -> Any:
+        """verl's validation (``val-core/<data_source>/reward/mean@N``, ...) plus the manager's per-environment
+        ``ValidationPass`` metrics and Gym's ``/aggregate_metrics`` (the legacy trainer's ``_validate`` does the same)."""
+        result = super()._validate(*args, **kwargs)  # type: ignore[misc]
+        pop = getattr(getattr(self, "agent_loop_manager", None), "pop_validation_metrics", None)
+        if pop is not None and isinstance(result, dict):
+            result.update(pop())
+        return result
 
     def fit(self, agent_loop_manager: Any) -> Any:
         rollout_correction.install()

@@ -1,6 +1,7 @@
 """Multi-environment GRPO, hydra-launched end to end: ``python -m recipe.nemo_gym.main --config-name
 nemo_gym_cpu_multi_env`` (both bundled toy environments in one Gym: toy_choice, one model call; toy_lookup, two
-tool calls), two steps, validation before training and after the last step.
+tool calls), two steps, validation before training and after the last step, on verl's v1 trainer (the configs'
+default; the legacy trainer runs the same code for these features: ``env_sampling``, ``validation``).
 
 Checked from the console logger: each step carries both environments' metrics under plain names (``gym/<env>/...``,
 nothing under ``timing_s/gym/``), each environment got its weighted half of the batch, toy_lookup made two model

@@ -229,6 +229,9 @@ def test_validation_uses_val_kwargs_and_keeps_every_row(stack):
     assert manager.sampling_overrides(True)["temperature"] == cfg.actor_rollout_ref.rollout.val_kwargs.temperature
     out = manager.generate_sequences(gen_batch)
     assert len(out) == 3 and out.meta_info["reward_extra_keys"] == []
+    val = manager.pop_validation_metrics()  # the shared ValidationPass (manager_base), as the v1 manager feeds it
+    assert val["val-aux/all/gym/num_samples"] == 3.0 and "val-core/all/gym/reward_mean" in val, sorted(val)
+    assert manager.pop_validation_metrics() == {}
 
 
 def test_shutdown_stops_gym_and_is_idempotent(stack):

@@ -48,6 +48,7 @@ class FakeCore:
     ``{"fail": true}`` time out (masked), the others are a contiguous two-turn trajectory."""
 
     metrics_prefix = "gym"
+    routes = SimpleNamespace(servers_by_agent={})  # ValidationPass (gym_aggregate off: tests/unit/test_validation.py)
 
     def __init__(self, seed: int = 0) -> None:
         self.calls: list[dict[str, Any]] = []
@@ -78,7 +79,7 @@ def manager(core: FakeCore, n: int = 3) -> NemoGymAgentLoopManagerTQ:
         val_temperature=0.0,
         val_top_p=1.0,
         response_length=32,
-        gym=SimpleNamespace(metrics=SimpleNamespace(success_threshold=None)),
+        gym=SimpleNamespace(metrics=SimpleNamespace(success_threshold=None, gym_aggregate=False)),
     )
     m.config = SimpleNamespace(
         actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(val_kwargs=SimpleNamespace(n=1)))
@@ -88,6 +89,7 @@ def manager(core: FakeCore, n: int = 3) -> NemoGymAgentLoopManagerTQ:
     import threading
 
     m._lock = threading.Lock()
+    m._validation, m._validation_lock = None, threading.Lock()
     m._windows = {"train": RolloutWindow(), "val": RolloutWindow()}
     m._probe = {}
     m._version = None
@@ -158,7 +160,20 @@ def test_validation_uses_val_n_partition_and_sampling(monkeypatch):
     run(m, fake_tq, monkeypatch, prompts({"q": 0}, {"q": 1}), partition="val")
     assert len(core.calls[0]["rows"]) == 2 and core.calls[0]["overrides"]["temperature"] == 0.0
     assert {e[1] for e in fake_tq.events} == {"val"}
-    assert "val-aux/gym/all/num_samples" in m.drain_metrics()
+    drained = m.drain_metrics()  # the step metrics keep only the pass's timings; its rollouts are the ValidationPass's
+    assert "val-aux/gym/timing/rollout_s" in drained and "val-aux/gym/all/num_samples" not in drained
+    assert "gym/all/num_samples" not in drained
+    val = m.pop_validation_metrics()  # what NemoGymTrainerMixin._validate adds, per environment (as legacy)
+    assert val["val-aux/env_a/gym/num_samples"] == 2.0 and val["val-aux/all/gym/num_samples"] == 2.0
+    assert "val-core/env_a/gym/reward_mean" in val and "val-core/env_a/gym/success_rate" in val
+    assert m.pop_validation_metrics() == {}  # reset: the next pass starts empty
+
+
+def test_training_samples_never_reach_the_validation_pass(monkeypatch):
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=2)
+    run(m, fake_tq, monkeypatch, prompts({"q": 0}))
+    assert m.pop_validation_metrics() == {}
 
 
 def test_rollout_n_per_prompt_and_greedy_prompts_run_as_their_own_step(monkeypatch):

@@ -87,3 +87,87 @@ def test_replay_buffer_polls_often_unless_configured():
     trainer.config.trainer.v1.sampler.sampler_kwargs = {"poll_interval_s": 0}
     with pytest.raises(AdapterConfigError, match="sampler_kwargs.poll_interval_s=0"):
         trainer._build_replay_buffer()
+
+
+class FakeValidatingManager:
+    """A manager with a finished validation pass (``GymManagerBase.pop_validation_metrics``)."""
+
+    def __init__(self) -> None:
+        self.popped = 0
+
+    def pop_validation_metrics(self) -> dict[str, float]:
+        self.popped += 1
+        return {"val-core/env_a/gym/reward_mean": 0.75, "val-core/env_a/gym_aggregate/mean/reward": 0.75}
+
+
+class FakeValidatingV1Trainer(FakeV1Trainer):
+    def _validate(self) -> dict[str, float]:
+        self.calls.append("verl validate")
+        return {"val-core/env_a/reward/mean@1": 0.75}
+
+
+def test_validation_adds_the_managers_per_environment_gym_metrics_after_verls():
+    trainer = nemo_gym_trainer_cls(FakeValidatingV1Trainer)("cpu")
+    trainer.agent_loop_manager = FakeValidatingManager()
+    result = trainer._validate()
+    assert trainer.calls == ["verl validate"] and trainer.agent_loop_manager.popped == 1
+    assert result == {
+        "val-core/env_a/reward/mean@1": 0.75,
+        "val-core/env_a/gym/reward_mean": 0.75,
+        "val-core/env_a/gym_aggregate/mean/reward": 0.75,
+    }
+    bare = nemo_gym_trainer_cls(FakeValidatingV1Trainer)("cpu")  # verl's own manager: verl's metrics only
+    bare.agent_loop_manager = object()
+    assert bare._validate() == {"val-core/env_a/reward/mean@1": 0.75}
+
+
+class FakeDataloaderV1Trainer(FakeV1Trainer):
+    """verl's ``_init_dataloader`` as far as the mixin sees it: a train dataset and a dataloader over it."""
+
+    def __init__(self, device: str, cfg: Any, dataset: Any) -> None:
+        super().__init__(device)
+        self.config, self.dataset = cfg, dataset
+
+    def _init_dataloader(self) -> None:
+        from torch.utils.data import SequentialSampler
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        from verl.utils.dataset.rl_dataset import collate_fn
+
+        self.train_dataset = self.dataset
+        self.train_dataloader = StatefulDataLoader(
+            self.dataset,
+            batch_size=self.config.data.train_batch_size,  # verl's, in sync mode
+            drop_last=True,
+            collate_fn=collate_fn,
+            sampler=SequentialSampler(self.dataset),
+        )
+
+
+def test_env_weights_make_the_v1_training_dataloader_sample_each_environments_share():
+    from collections import Counter
+
+    from omegaconf import OmegaConf
+    from torch.utils.data import SequentialSampler
+
+    from nemo_gym_adapter.dataset import GymJsonlDataset
+    from nemo_gym_adapter.env_sampling import EnvWeightedSampler
+    from tests.unit.test_configs_compose import _compose
+
+    cfg = _compose("nemo_gym_cpu_multi_env")
+    OmegaConf.resolve(cfg)
+    dataset = GymJsonlDataset(list(cfg.data.train_files), config=cfg.data)
+    trainer = nemo_gym_trainer_cls(FakeDataloaderV1Trainer)("cpu", cfg, dataset)
+    trainer._init_dataloader()
+    loader = trainer.train_dataloader
+    b = cfg.data.train_batch_size
+    assert isinstance(loader.sampler, EnvWeightedSampler) and loader.batch_size == b and loader.drop_last
+    for batch in list(loader)[:3]:
+        assert Counter(batch["gym_env"].tolist()) == {
+            "toy_choice_simple_agent": b // 2,
+            "toy_lookup_simple_agent": b // 2,
+        }
+    plain = _compose("nemo_gym_cpu_multi_env", ("nemo_gym.env_weights=null",))
+    OmegaConf.resolve(plain)
+    unweighted = nemo_gym_trainer_cls(FakeDataloaderV1Trainer)("cpu", plain, dataset)
+    unweighted._init_dataloader()
+    assert isinstance(unweighted.train_dataloader.sampler, SequentialSampler)  # verl's own, untouched
