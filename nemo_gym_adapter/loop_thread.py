@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import threading
 from collections.abc import Callable, Coroutine
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 from nemo_gym_adapter.errors import AdapterError
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 UVLOOP_ENV = "NGV_UVLOOP"  # "0": the stdlib event loop even where uvloop is installed
 
@@ -76,21 +78,38 @@ class LoopThread:
             raise AdapterError(f"{self.name}: closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def close(self, last: Coroutine[Any, Any, Any] | None = None) -> None:
-        """Run ``last`` (e.g. closing an HTTP session), then stop the loop and join the thread. Idempotent."""
+    def close(self, last: Coroutine[Any, Any, Any] | None = None, cancel_timeout_s: float = 30.0) -> None:
+        """Cancel the tasks still on the loop and wait (up to ``cancel_timeout_s``) until they have unwound, run
+        ``last`` (e.g. closing an HTTP session), then stop the loop and join the thread. Idempotent.
+
+        Tasks are finished here, in this thread's loop, rather than left pending: a pending task is destroyed when
+        the process exits, and its clean-up code then runs at interpreter teardown (in the async recipe run that
+        code reached Ray after Ray had shut down, and Ray started a fresh cluster)."""
         if self._closed:
             if last is not None:
                 last.close()
             return
         try:
-            if last is not None:
-                self.run(last)
+            self.run(_cancel_others_then(last, cancel_timeout_s, self.name))
         finally:
             self._closed = True
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             if not self._thread.is_alive():
                 self._loop.close()
+
+
+async def _cancel_others_then(last: Coroutine[Any, Any, Any] | None, timeout_s: float, name: str) -> None:
+    me = asyncio.current_task()
+    pending = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        _, still = await asyncio.wait(pending, timeout=timeout_s)
+        if still:
+            logger.warning("%s: %d task(s) did not finish within %.0fs of being cancelled", name, len(still), timeout_s)
+    if last is not None:
+        await last
 
 
 class BlockingFacade:

@@ -7,9 +7,11 @@ start-up time, mean step time (verl's ``timing_s/step``, first step excluded), m
 ``rollouts_per_s``), the adapter's share of a step (legacy: padding ``gym/timing/postprocess_s``; v1: building the
 samples ``gym/timing/build_s`` + dispatch ``gym/timing/dispatch_s``; the TransferQueue puts overlap the rollouts and
 are reported as ``tq_put_mean_s``) and the first/last-k mean reward, plus the v1/legacy
-ratios. The 1-minute load average is printed with each run (a shared machine distorts timings).
+ratios. ``v1_async`` is verl's ``colocate_async`` mode: rollouts of the next batches overlap training, so the
+rollout metrics (throughput, reward, adapter time) are averaged over the steps in which rollouts finished. The
+1-minute load average is printed with each run (a shared machine distorts timings).
 
-    .venv/bin/python scripts/bench_v1.py [--steps 10] [--paths legacy v1_sync] [-- hydra overrides...]
+    .venv/bin/python scripts/bench_v1.py [--steps 10] [--paths legacy v1_sync v1_async] [-- hydra overrides...]
 
 Not a test; run it under the heavy lock on a shared machine.
 """
@@ -31,6 +33,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 PATHS = {
     "legacy": ["trainer.use_v1=false"],
     "v1_sync": ["trainer.use_v1=true", "trainer.v1.trainer_mode=sync"],
+    "v1_async": ["trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"],
 }
 
 
@@ -102,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'metric':<22}" + "".join(f"{n:>14}" for n in results))
     for k in keys:
         print(f"{k:<22}" + "".join(f"{r.get(k, float('nan')):>14.4g}" for r in results.values()))
-    if "legacy" in results and "v1_sync" in results:
+    for name in [n for n in results if n != "legacy" and "legacy" in results]:
         for k in ("step_s_mean", "rollouts_per_s_mean", "startup_s"):
-            a, b = results["legacy"].get(k), results["v1_sync"].get(k)
+            a, b = results["legacy"].get(k), results[name].get(k)
             if a and b:
-                print(f"ratio v1_sync/legacy {k}: {b / a:.3f}")
+                print(f"ratio {name}/legacy {k}: {b / a:.3f}")
     (root / "summary.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
 

@@ -272,7 +272,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
                 if slots:
                     runs.append(self._run_slots(groups, slots, partition, dispatched_version, remaining, publish))
             await asyncio.gather(*runs)
-        except BaseException:
+        except Exception:  # not on cancellation (shutdown): nothing may wait on TransferQueue then
             for i in range(len(groups)):
                 try:
                     await publish(i, "failure")

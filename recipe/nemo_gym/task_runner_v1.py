@@ -22,6 +22,8 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    - with ``nemo_gym.env_weights`` the training dataloader samples with the legacy trainer's
      ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
+4. Ray may not auto-start a cluster in this process (:func:`forbid_ray_auto_init`): once the run's Ray is gone, a late
+   Ray call from a thread still running here would otherwise start a fresh local cluster whose agents outlive the run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
+import threading
+import traceback
 from typing import Any
 
 import ray
@@ -141,6 +146,35 @@ def replay_poll_interval(config: Any) -> float:
     return float(value)
 
 
+def forbid_ray_auto_init() -> None:
+    """No implicit ``ray.init()`` in this process (Ray's ``RAY_ENABLE_AUTO_CONNECT=0``, which Ray reads only when it
+    is imported, hence the module flag), and a late call says who made it.
+
+    A Ray API call made after the run's Ray went down (the driver's ``ray.shutdown`` ends this actor's worker while
+    threads may still run) otherwise starts a NEW local Ray cluster, dashboard and all, from this process; its
+    ``DashboardAgent`` and ``RuntimeEnvAgent`` outlive the run. With the flag off the call raises instead, and the
+    calling thread's stack goes to stderr so the late caller is named."""
+    from ray._private import auto_init_hook, client_mode_hook
+
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"  # children that import Ray
+    auto_init_hook.enable_auto_connect = False
+    original = auto_init_hook.auto_init_ray
+
+    def refuse_auto_init() -> None:
+        if not ray.is_initialized():
+            stack = "".join(traceback.format_stack(limit=25))
+            print(
+                f"NeMo Gym TaskRunner (pid {os.getpid()}): Ray call after Ray shut down, refused (no new cluster) "
+                f"from thread {threading.current_thread().name}:\n{stack}",
+                file=sys.stderr,
+                flush=True,
+            )
+        original()
+
+    auto_init_hook.auto_init_ray = refuse_auto_init
+    client_mode_hook.auto_init_ray = refuse_auto_init
+
+
 _TRAINER_CLASSES: dict[type, type] = {}
 
 
@@ -179,6 +213,7 @@ class NemoGymTaskRunnerV1Impl:
         from verl.utils.logging_utils import configure_verl_logging
 
         configure_verl_logging()
+        forbid_ray_auto_init()
         print(
             f"NeMo Gym TaskRunner (v1, {config.trainer.v1.trainer_mode}) on {socket.gethostname()}, pid {os.getpid()}"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -88,3 +89,22 @@ def test_submit_returns_at_once_and_the_future_carries_the_result():
     coro = wait_for_gate()
     with pytest.raises(AdapterError, match="closed"):
         loop.submit(coro)
+
+
+def test_close_cancels_pending_tasks_and_lets_them_unwind_on_the_loop():
+    """A task left pending would be destroyed at process exit and run its clean-up then (after Ray shut down)."""
+    loop = LoopThread("test-loop")
+    unwound = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.01)  # clean-up that itself awaits
+            unwound.append(True)
+            raise
+
+    future = loop.submit(forever())
+    time.sleep(0.05)
+    loop.close()
+    assert unwound == [True] and future.cancelled()

@@ -10,7 +10,7 @@ import pytest
 import ray
 from omegaconf import OmegaConf
 
-from recipe.nemo_gym.task_runner_v1 import NemoGymTrainerMixin, nemo_gym_trainer_cls
+from recipe.nemo_gym.task_runner_v1 import NemoGymTrainerMixin, forbid_ray_auto_init, nemo_gym_trainer_cls
 
 
 class FakeV1Trainer:
@@ -171,3 +171,27 @@ def test_env_weights_make_the_v1_training_dataloader_sample_each_environments_sh
     unweighted = nemo_gym_trainer_cls(FakeDataloaderV1Trainer)("cpu", plain, dataset)
     unweighted._init_dataloader()
     assert isinstance(unweighted.train_dataloader.sampler, SequentialSampler)  # verl's own, untouched
+
+
+def test_a_ray_call_without_ray_is_refused_and_names_its_thread_instead_of_starting_a_cluster(monkeypatch, capfd):
+    """The async run's orphans: a late Ray call in the TaskRunner process auto-started a fresh local cluster."""
+    from ray._private import auto_init_hook, client_mode_hook
+
+    for module, name in ((auto_init_hook, "enable_auto_connect"), (auto_init_hook, "auto_init_ray")):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setattr(client_mode_hook, "auto_init_ray", client_mode_hook.auto_init_ray)
+    monkeypatch.setenv("RAY_ENABLE_AUTO_CONNECT", "1")
+    assert not ray.is_initialized()
+    forbid_ray_auto_init()
+    try:
+        with pytest.raises(Exception, match="(?i)ray"):
+            ray.put(1)
+        assert not ray.is_initialized(), "a Ray cluster was started"
+    finally:
+        if ray.is_initialized():  # the guard failed: do not leave the cluster it started
+            ray.shutdown()
+    import os
+
+    assert os.environ["RAY_ENABLE_AUTO_CONNECT"] == "0"
+    err = capfd.readouterr().err
+    assert "Ray call after Ray shut down, refused" in err and "MainThread" in err, err
