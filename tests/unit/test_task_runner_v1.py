@@ -175,6 +175,19 @@ def test_env_weights_make_the_v1_training_dataloader_sample_each_environments_sh
 
 def test_a_ray_call_without_ray_is_refused_and_names_its_thread_instead_of_starting_a_cluster(monkeypatch, capfd):
     """The async run's orphans: a late Ray call in the TaskRunner process auto-started a fresh local cluster."""
+    if ray.is_initialized():  # the whole suite in one process: the integration tier's session cluster is up here
+        import subprocess
+        import sys
+
+        node = f"{__file__}::test_a_ray_call_without_ray_is_refused_and_names_its_thread_instead_of_starting_a_cluster"
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+        return
     from ray._private import auto_init_hook, client_mode_hook
 
     for module, name in ((auto_init_hook, "enable_auto_connect"), (auto_init_hook, "auto_init_ray")):
