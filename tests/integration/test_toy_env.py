@@ -25,10 +25,7 @@ import pytest
 from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, resolve_config_paths
 from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.padding import pad_trajectories
-from nemo_gym_adapter.rollout_client import RolloutClientConfig
-from nemo_gym_adapter.rollout_core import BlockingRolloutCore, RolloutCore
-from nemo_gym_adapter.routing import GymRoutes
-from nemo_gym_adapter.trajectory import TrajectoryConfig
+from tests.support.gym_fixtures import run_core_step
 
 pytestmark = pytest.mark.integration
 
@@ -65,11 +62,7 @@ def toy_gym(toy_spec) -> GymServers:
 def toy_step(toy_gym):
     """(rows, StepResult) of 48 rows x REPEATS through the rollout core, as a trainer step runs them."""
     rows = toy_rows() * REPEATS
-    routes = GymRoutes.fetch_blocking(toy_gym.head_url)
-    config = TrajectoryConfig(prompt_length=256, response_length=OVERRIDES["max_output_tokens"])
-    client = RolloutClientConfig(max_concurrency=16, timeout_s=600, progress=False)
-    with BlockingRolloutCore(RolloutCore(routes, config, client)) as core:
-        return rows, core.run_step(rows, [AGENT] * len(rows), OVERRIDES)
+    return rows, run_core_step(toy_gym.head_url, rows, AGENT, OVERRIDES, prompt_length=256)
 
 
 def _reply_text(result: dict[str, Any]) -> str:

@@ -23,12 +23,10 @@ import pytest
 
 from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.rollout_client import RolloutClientConfig
-from nemo_gym_adapter.rollout_core import BlockingRolloutCore, RolloutCore
 from nemo_gym_adapter.routing import GymRoutes
-from nemo_gym_adapter.trajectory import TrajectoryConfig
 from nemo_gym_adapter.vllm_server import PATCHED_LAUNCHER, VllmServer
 from nemo_gym_adapter.vllm_server import start_vllm_server as start_server
+from tests.support.gym_fixtures import run_core_step
 from tests.support.vllm_fixtures import TINY_MODEL_NAME, VLLM_START_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
@@ -73,11 +71,7 @@ def lookup_gym(patched_vllm) -> GymServers:
 @pytest.fixture(scope="module")
 def lookup_step(lookup_gym):
     rows = lookup_rows() * REPEATS
-    routes = GymRoutes.fetch_blocking(lookup_gym.head_url)
-    config = TrajectoryConfig(prompt_length=1024, response_length=OVERRIDES["max_output_tokens"])
-    client = RolloutClientConfig(max_concurrency=16, timeout_s=600, progress=False)
-    with BlockingRolloutCore(RolloutCore(routes, config, client)) as core:
-        return rows, core.run_step(rows, [AGENT] * len(rows), OVERRIDES)
+    return rows, run_core_step(lookup_gym.head_url, rows, AGENT, OVERRIDES, prompt_length=1024)
 
 
 def test_every_routing_form_reaches_the_lookup_agent(lookup_gym):

@@ -68,6 +68,23 @@ def forced_tool_call_row(
     return {**row, "responses_create_params": params}
 
 
+def run_core_step(
+    head_url: str, rows: list[dict[str, Any]], agent: str, overrides: dict[str, Any], *, prompt_length: int
+) -> Any:
+    """``rows`` (all bound for ``agent``) through the rollout core against a running Gym, as a trainer step runs them:
+    the core's ``StepResult``, the response budget being ``overrides["max_output_tokens"]``."""
+    from nemo_gym_adapter.rollout_client import RolloutClientConfig
+    from nemo_gym_adapter.rollout_core import BlockingRolloutCore, RolloutCore
+    from nemo_gym_adapter.routing import GymRoutes
+    from nemo_gym_adapter.trajectory import TrajectoryConfig
+
+    routes = GymRoutes.fetch_blocking(head_url)
+    config = TrajectoryConfig(prompt_length=prompt_length, response_length=overrides["max_output_tokens"])
+    client = RolloutClientConfig(max_concurrency=16, timeout_s=600, progress=False)
+    with BlockingRolloutCore(RolloutCore(routes, config, client)) as core:
+        return core.run_step(rows, [agent] * len(rows), overrides)
+
+
 @pytest.fixture(scope="module")
 def gym_single_tool_call(vllm_server) -> Iterator[GymServers]:
     """A real Gym (example_single_tool_call) in front of ``vllm_server``; stopped (whole pid tree) after the module.
