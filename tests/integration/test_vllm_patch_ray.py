@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from nemo_gym_adapter.vllm_patch import apply_patch_to_actors, find_vllm_server_actors
-from tests.support.conversations import TOOLS
+from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt
 from tests.support.ray_vllm_fixtures import TEST_MAX_MODEL_LEN, served_model_name
 
 FAMILIES = ["qwen25", "qwen3", "llama3"]
@@ -31,12 +31,6 @@ _CALL = {
 }
 _THINK = r"<think>\n(Skinny|weather) (is|was) (fine|cold)\n</think>\n\n"
 _ANSWER = r"(It|Skinny) is (sunny|cold|Skinny)\."
-STOP_TEXTS = {
-    "qwen25": ("<|im_end|>", "<|endoftext|>"),
-    "qwen3": ("<|im_end|>", "<|endoftext|>"),
-    "llama3": ("<|eot_id|>", "<|end_of_text|>"),
-}
-TERMINATOR = {"qwen25": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}
 
 
 def _regex(family: str, kind: str) -> str:
@@ -162,30 +156,6 @@ def test_unpatched_control_loses_the_token_history(patched):
     assert not all(kept), "stock vLLM reproduced the token history: the control cannot show what the patch fixes"
 
 
-def _expected_prompt(tokenizer, family: str, turn: dict, prev: dict) -> list[int]:
-    """Independent of the splice code: text-level, count-based. History ids + template text after that turn."""
-    messages = [
-        {k: v for k, v in m.items() if not k.endswith("_ids") and k != "generation_log_probs"} for m in turn["messages"]
-    ]
-    for m in messages:  # vLLM parses tool-call arguments before templating
-        for call in m.get("tool_calls") or []:
-            call["function"] = {**call["function"], "arguments": json.loads(call["function"]["arguments"])}
-    k = max(i for i, m in enumerate(turn["messages"]) if "generation_token_ids" in m)
-    full = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-    head = tokenizer.apply_chat_template(messages[: k + 1], tools=TOOLS, tokenize=False, add_generation_prompt=False)
-    term = TERMINATOR[family]
-    cut = -1
-    for _ in range(head.count(term)):  # the n-th terminator of the full text closes message k
-        cut = full.index(term, cut + 1)
-    history = prev["prompt"] + prev["generation"]
-    stops = {tokenizer.convert_tokens_to_ids(t) for t in STOP_TEXTS[family]}
-    if history[-1] in stops:
-        tail = full[cut + len(term) :]
-    else:  # cut by length: the template's terminator closes the turn
-        tail = full[cut:]
-    return history + tokenizer.encode(tail, add_special_tokens=False)
-
-
 def test_patched_prompt_is_the_exact_token_history_every_turn(patched, record_property):
     from transformers import AutoTokenizer
 
@@ -198,7 +168,7 @@ def test_patched_prompt_is_the_exact_token_history_every_turn(patched, record_pr
     record_property("control_conversation_s", round(patched["control_seconds"], 1))
     assert conv.history_kept() == [True] * (len(SCRIPT) - 1)
     for i, (prev, turn) in enumerate(zip(conv.turns, conv.turns[1:], strict=False), start=1):
-        assert turn["prompt"] == _expected_prompt(tokenizer, family, turn, prev), f"turn {i}"
+        assert turn["prompt"] == expected_prompt(tokenizer, family, turn, prev), f"turn {i}"
         # /tokenize (what Gym calls without inline ids) renders through the same hook.
         assert turn["tokens"]["tokens"] == turn["prompt"], f"turn {i}: /tokenize disagrees with the engine prompt"
     # The forced tool calls came back parsed, as Gym needs them.

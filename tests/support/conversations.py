@@ -46,3 +46,40 @@ def template_view(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
         out.append(view)
     return out
+
+
+# Per template family: the token that ends an assistant turn in the template, and the stop tokens a model may end on.
+TERMINATOR = {"qwen25": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}
+STOP_TEXTS = {
+    "qwen25": ("<|im_end|>", "<|endoftext|>"),
+    "qwen3": ("<|im_end|>", "<|endoftext|>"),
+    "llama3": ("<|eot_id|>", "<|end_of_text|>"),
+}
+
+
+def plain_messages(messages: list[dict]) -> list[dict]:
+    """``messages`` without the token-id fields a client adds (what a stock server would be sent)."""
+    return [{k: v for k, v in m.items() if not k.endswith("_ids") and k != "generation_log_probs"} for m in messages]
+
+
+def expected_prompt(tokenizer: Any, family: str, turn: dict, prev: dict) -> list[int]:
+    """The exact prompt ids a patched server must build for ``turn``, independent of the splice code (text level, by
+    count): the previous turn's history ids + the template text after the last tokenized assistant message."""
+    messages = plain_messages(turn["messages"])
+    for m in messages:  # vLLM parses tool-call arguments before templating
+        for call in m.get("tool_calls") or []:
+            call["function"] = {**call["function"], "arguments": json.loads(call["function"]["arguments"])}
+    k = max(i for i, m in enumerate(turn["messages"]) if "generation_token_ids" in m)
+    full = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    head = tokenizer.apply_chat_template(messages[: k + 1], tools=TOOLS, tokenize=False, add_generation_prompt=False)
+    term = TERMINATOR[family]
+    cut = -1
+    for _ in range(head.count(term)):  # the n-th terminator of the full text closes message k
+        cut = full.index(term, cut + 1)
+    history = prev["prompt"] + prev["generation"]
+    stops = {tokenizer.convert_tokens_to_ids(t) for t in STOP_TEXTS[family]}
+    if history[-1] in stops:
+        tail = full[cut + len(term) :]
+    else:  # cut by length: the template's terminator closes the turn
+        tail = full[cut:]
+    return history + tokenizer.encode(tail, add_special_tokens=False)

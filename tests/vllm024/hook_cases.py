@@ -28,17 +28,11 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter import vllm_hooks, vllm_patch
-from tests.support.conversations import TOOLS, piecewise
+from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, piecewise, plain_messages
 
 MAX_MODEL_LEN = 1024
 FAMILIES = ["qwen25", "qwen3", "llama3"]
 TOOL_PARSER = {"qwen25": "hermes", "qwen3": "hermes", "llama3": "llama3_json"}
-TERMINATOR = {"qwen25": "<|im_end|>", "qwen3": "<|im_end|>", "llama3": "<|eot_id|>"}
-STOP_TEXTS = {
-    "qwen25": ("<|im_end|>", "<|endoftext|>"),
-    "qwen3": ("<|im_end|>", "<|endoftext|>"),
-    "llama3": ("<|eot_id|>", "<|end_of_text|>"),
-}
 HOOK = "vllm.entrypoints.serve.render.serving.OpenAIServingRender.preprocess_chat"
 # What the scripted model "says": compact JSON (the templates re-render it with spaces), Qwen3 thinks first.
 CALL = {
@@ -260,29 +254,6 @@ class Conversation:
         ]
 
 
-def _plain(messages: list[dict]) -> list[dict]:
-    return [{k: v for k, v in m.items() if not k.endswith("_ids") and k != "generation_log_probs"} for m in messages]
-
-
-def _expected_prompt(tokenizer: Any, family: str, turn: dict, prev: dict) -> list[int]:
-    """Independent of the splice code (text level, by count): history ids + template text after that turn."""
-    messages = _plain(turn["messages"])
-    for m in messages:  # vLLM parses tool-call arguments before templating
-        for call in m.get("tool_calls") or []:
-            call["function"] = {**call["function"], "arguments": json.loads(call["function"]["arguments"])}
-    k = max(i for i, m in enumerate(turn["messages"]) if "generation_token_ids" in m)
-    full = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-    head = tokenizer.apply_chat_template(messages[: k + 1], tools=TOOLS, tokenize=False, add_generation_prompt=False)
-    term = TERMINATOR[family]
-    cut = -1
-    for _ in range(head.count(term)):
-        cut = full.index(term, cut + 1)
-    history = prev["prompt"] + prev["generation"]
-    ended = history[-1] in {tokenizer.convert_tokens_to_ids(t) for t in STOP_TEXTS[family]}
-    tail = full[cut + len(term) :] if ended else full[cut:]
-    return history + tokenizer.encode(tail, add_special_tokens=False)
-
-
 def _two_turns(
     server: Server, content: str = "Skinny weather in Paris", pad_words: int = 0, tools: list | None = None
 ) -> tuple[list, list]:
@@ -324,7 +295,7 @@ def test_patched_prompt_is_the_exact_token_history_every_turn(servers, patched, 
     conv = Conversation(server).run()
     assert conv.history_kept() == [True] * (len(SCRIPT) - 1)
     for i, (prev, turn) in enumerate(zip(conv.turns, conv.turns[1:], strict=False), start=1):
-        assert turn["prompt"] == _expected_prompt(server.tokenizer, family, turn, prev), f"turn {i}"
+        assert turn["prompt"] == expected_prompt(server.tokenizer, family, turn, prev), f"turn {i}"
         assert turn["tokens"] == turn["prompt"], f"turn {i}: /tokenize disagrees with the engine prompt"
         assert turn["render"] == turn["prompt"], f"turn {i}: /v1/chat/completions/render disagrees"
     assert sum(1 for m in conv.messages if m.get("tool_calls")) == 3  # vLLM's tool parser saw the scripted calls
@@ -332,7 +303,7 @@ def test_patched_prompt_is_the_exact_token_history_every_turn(servers, patched, 
 
 def test_requests_without_ids_are_left_to_vllm(servers, patched):
     server = servers("qwen25")
-    messages = _plain(_two_turns(server)[0])
+    messages = plain_messages(_two_turns(server)[0])
     r = server.chat(messages, max_tokens=4)
     assert r.status_code == 200, r.text
     text = server.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -359,7 +330,7 @@ def test_fast_and_slow_prefix_renders_agree_on_vllm_0_24(servers, patched, monke
     assert taken == [fast]
     turn = {"messages": messages}
     prev = {"prompt": history, "generation": []}
-    assert r.json()["prompt_token_ids"] == _expected_prompt(server.tokenizer, "qwen25", turn, prev)
+    assert r.json()["prompt_token_ids"] == expected_prompt(server.tokenizer, "qwen25", turn, prev)
 
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
@@ -370,7 +341,7 @@ def test_budget_is_clamped_where_stock_vllm_would_reject(servers, patched, monke
         from vllm.entrypoints.serve.render.serving import OpenAIServingRender
 
         m.setattr(OpenAIServingRender, "preprocess_chat", OpenAIServingRender.preprocess_chat.__ngv_original__)
-        stock = server.chat(_plain(messages), **{field: 400})
+        stock = server.chat(plain_messages(messages), **{field: 400})
     assert stock.status_code == 400, stock.text
     r = server.chat(messages, **{field: 400})
     assert r.status_code == 200, r.text
@@ -387,7 +358,7 @@ def test_overlong_spliced_history_is_vllms_context_length_400(servers, patched):
         tok.convert_tokens_to_ids(TERMINATOR["qwen25"])
     ]
     messages[1]["prompt_token_ids"] = server.tokenize(messages[:1])
-    assert len(server.tokenize(_plain(messages))) < MAX_MODEL_LEN < len(messages[1]["generation_token_ids"])
+    assert len(server.tokenize(plain_messages(messages))) < MAX_MODEL_LEN < len(messages[1]["generation_token_ids"])
     r = server.chat(messages, max_tokens=4)
     assert r.status_code == 400, r.text
     assert f"This model's maximum context length is {MAX_MODEL_LEN} tokens" in r.json()["error"]["message"]
@@ -444,7 +415,7 @@ def test_required_prefix_token_ids_is_honoured_and_checked(servers, patched):
     expected = server.chat(messages, max_tokens=4).json()["prompt_token_ids"]
     assert expected[: len(history)] == history
     # Gym's prefix supply without ids on the messages: the required prefix is the model prefix.
-    r = server.chat(_plain(messages), max_tokens=4, required_prefix_token_ids=history)
+    r = server.chat(plain_messages(messages), max_tokens=4, required_prefix_token_ids=history)
     assert r.status_code == 200, r.text
     assert r.json()["prompt_token_ids"] == expected
     r = server.chat(messages, max_tokens=4, required_prefix_token_ids=[history[0] + 1, *history[1:]])
