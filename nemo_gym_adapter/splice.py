@@ -55,6 +55,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_gym_adapter.assistant_texts import check_assistant_texts
 from nemo_gym_adapter.errors import AdapterError, TokenAlignmentError
 from nemo_gym_adapter.history_check import (
     Decode,
@@ -64,7 +65,6 @@ from nemo_gym_adapter.history_check import (
     TurnHistory,
     anchor_end,
     anchor_end_in_full,
-    check_assistant_texts,
     check_structure,
     edit_error,
     walk,
