@@ -4,11 +4,12 @@ Gym cannot be trusted to notice: its relay retries a dead agent forever, its cli
 uncapped retries (INTEGRATION_NOTES §5), and its launcher only polls its children once a minute -- and then stops
 the *whole* Gym. So we probe every server a row passes through ourselves:
 
-* :class:`Topology` (from Gym's resolved global config and :class:`routing.GymRoutes`): per agent, the servers its
+* :class:`server_probes.Topology` (from Gym's resolved global config and :class:`routing.GymRoutes`): per agent, the servers its
   rows need -- the environment server fronting it, the agent, every server its config references (resources,
   model proxy, judges; transitively) -- and per model proxy its vLLM replicas (``base_url``).
-* :meth:`Liveness.check` probes them all concurrently: a Gym server is alive when it answers any HTTP at all (Gym's
-  own readiness notion), a vLLM replica when ``/health`` answers 200; ``probe_timeout_s`` bounds a sick one.
+* :meth:`Liveness.check` probes them all concurrently (:class:`server_probes.HttpProbes`): a Gym server is alive when
+  it answers any HTTP at all (Gym's own readiness notion), a vLLM replica when ``/health`` answers 200;
+  ``probe_timeout_s`` bounds a sick one.
 * :meth:`Liveness.before_step` runs one check before each step and applies ``nemo_gym.on_server_down``: ``fail``
   raises :class:`ServerDownError` naming the servers; ``restart`` (only for a Gym we started) restarts Gym --
   without the dead replicas when only replicas died -- at most ``max_restarts`` times per run, logged, and the step
@@ -29,155 +30,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
-
-import aiohttp
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.routing import GymRoutes
+from nemo_gym_adapter.server_probes import HttpProbes, Load, Probe, Topology
 
 logger = logging.getLogger(__name__)
 
 SERVER_DOWN = "server_down"  # RolloutFailure.reason of a row whose server is dead (MaskReason.SERVER_DOWN)
 OnServerDown = Literal["mask", "restart", "fail"]
-_KINDS = {
-    "environment_servers": "environment",
-    "responses_api_agents": "agent",
-    "resources_servers": "resources",
-    "responses_api_models": "model",
-}
 T = TypeVar("T")
 
 
 class ServerDownError(GymServerError):
     """A Gym server or vLLM replica is down and ``nemo_gym.on_server_down`` is ``fail`` (or restarts ran out)."""
-
-
-@dataclass(frozen=True)
-class Server:
-    """One thing to probe: a Gym server instance (by its config name) or a vLLM replica (by ``host:port``)."""
-
-    name: str
-    kind: str  # environment | agent | resources | model | replica
-    url: str
-
-    def __str__(self) -> str:
-        return f"{self.kind} server {self.name!r} ({self.url})"
-
-
-@dataclass(frozen=True)
-class Topology:
-    """What each agent's rows pass through. ``needs[agent]``: Gym servers; ``replicas[model]``: replica names."""
-
-    servers: Mapping[str, Server]
-    needs: Mapping[str, tuple[str, ...]]
-    replicas: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    @classmethod
-    def from_gym(cls, global_config: Mapping[str, Any], routes: GymRoutes, head_host: str = "127.0.0.1") -> Topology:
-        inner: dict[str, Mapping[str, Any]] = {}
-        servers: dict[str, Server] = {}
-        for name, block in global_config.items():
-            for section, kind in _KINDS.items():
-                impls = block.get(section) if isinstance(block, Mapping) else None
-                for cfg in impls.values() if isinstance(impls, Mapping) else ():
-                    if isinstance(cfg, Mapping) and cfg.get("port"):
-                        host = cfg.get("host")
-                        host = head_host if host in (None, "", "0.0.0.0", "::") else host
-                        servers[str(name)], inner[str(name)] = (
-                            Server(str(name), kind, f"http://{host}:{cfg['port']}"),
-                            cfg,
-                        )
-        replicas: dict[str, tuple[str, ...]] = {}
-        for name, cfg in inner.items():
-            urls = cfg.get("base_url") if servers[name].kind == "model" else None
-            urls = [urls] if isinstance(urls, str) else [u for u in urls or () if isinstance(u, str)]
-            names = []
-            for url in urls:
-                root = url.rstrip("/").removesuffix("/v1")
-                replica = root.split("://", 1)[-1]
-                servers[replica] = Server(replica, "replica", f"{root}/health")
-                names.append(replica)
-            if names:
-                replicas[name] = tuple(names)
-
-        def refs(name: str) -> list[str]:
-            return [
-                str(v["name"])
-                for v in inner.get(name, {}).values()
-                if isinstance(v, Mapping)
-                and v.get("name") in servers
-                and v.get("type", "responses_api_agents") in _KINDS
-            ]
-
-        needs: dict[str, tuple[str, ...]] = {}
-        for agent, agent_routes in routes.servers_by_agent.items():
-            seen: list[str] = []
-            todo = [r.server for r in agent_routes] + [agent]
-            while todo:
-                name = todo.pop(0)
-                if name in servers and name not in seen and servers[name].kind != "replica":
-                    seen.append(name)
-                    todo.extend(refs(name))
-            needs[agent] = tuple(seen)
-        return cls(servers, needs, replicas)
-
-    def models_of(self, agent: str) -> list[str]:
-        return [name for name in self.needs.get(agent, ()) if name in self.replicas]
-
-
-Probe = Callable[[Server], Awaitable["str | None"]]
-"""``None`` when the server is alive, else why not (one line)."""
-Load = Callable[[Sequence[Server]], Awaitable["float | None"]]
-"""Requests running + waiting over these replicas, or None when unreadable."""
-
-
-class HttpProbes:
-    """The real probes (aiohttp, one session; create inside the event loop that uses it)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
-
-    def _get(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar())
-        return self._session
-
-    async def probe(self, server: Server) -> str | None:
-        try:
-            async with self._get().get(server.url, allow_redirects=False) as r:
-                if server.kind == "replica" and r.status != 200:
-                    return f"/health answered {r.status}"
-                return None
-        except asyncio.TimeoutError:
-            return f"no answer within {self.timeout.total:g}s"
-        except (aiohttp.ClientError, OSError) as e:
-            return f"unreachable ({type(e).__name__})"
-
-    async def load(self, replicas: Sequence[Server]) -> float | None:
-        total = 0.0
-        for replica in replicas:
-            try:
-                async with self._get().get(replica.url.removesuffix("/health") + "/metrics") as r:
-                    text = (await r.text()) if r.status == 200 else ""
-            except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
-                return None
-            gauges = [
-                ln
-                for ln in text.splitlines()
-                if ln.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
-            ]
-            if not gauges:
-                return None
-            total += sum(float(ln.rsplit(" ", 1)[1]) for ln in gauges)
-        return total
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
 
 class RestartableGym(Protocol):

@@ -24,8 +24,9 @@ A masked trajectory keeps its prompt when known and fitting (useful in logs) and
 unmasked one has at least one sampled token (what :mod:`nemo_gym_adapter.padding` relies on to make masked rows
 identifiable from ``response_mask`` alone).
 
-No per-token Python loop: a row costs a few list-slice comparisons and numpy conversions. The trajectories become
-verl tensors in :mod:`nemo_gym_adapter.padding`.
+What the model calls are (which carry no ids, where the history stops being contiguous) is :mod:`model_calls`'s
+answer; this module decides what the row becomes. No per-token Python loop: a row costs a few list-slice comparisons
+and numpy conversions. The trajectories become verl tensors in :mod:`nemo_gym_adapter.padding`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
-from nemo_gym_adapter.wire import GymRunResult, ModelCall, OutputItem, parse_run_result
+from nemo_gym_adapter.model_calls import calls_without_ids, contiguous_prefix
+from nemo_gym_adapter.wire import GymRunResult, parse_run_result
 
 ContiguityPolicy = Literal["mask", "truncate", "raise"]
 
@@ -218,54 +220,6 @@ def failed_trajectory(
     )
 
 
-def _calls_without_ids(output: Sequence[OutputItem]) -> list[int]:
-    """Output indices ending a model call that carries no token ids.
-
-    Ids sit on the *last* item of each call, so model items after the last id item, or followed by a non-model
-    item (a tool output, a user message) before any id item, belong to a call without ids.
-    """
-    missing, pending = [], None
-    for i, item in enumerate(output):
-        if item.has_token_ids:
-            pending = None
-        elif item.is_model_output:
-            pending = i
-        elif pending is not None:
-            missing.append(pending)
-            pending = None
-    if pending is not None:
-        missing.append(pending)
-    return missing
-
-
-def _first_mismatch(actual: Sequence[int], expected: Sequence[int]) -> int:
-    """First index where ``actual`` does not continue ``expected`` (``len(actual)`` if it is too short)."""
-    n = min(len(actual), len(expected))
-    diff = np.flatnonzero(np.asarray(actual[:n], dtype=np.int64) != np.asarray(expected[:n], dtype=np.int64))
-    return int(diff[0]) if diff.size else n
-
-
-def _contiguous_prefix(calls: list[tuple[int, ModelCall]], where: str) -> tuple[int, str]:
-    """How many leading calls form a contiguous history, and the first break described ("" when none)."""
-    for k in range(1, len(calls)):
-        (i_prev, prev), (i_cur, cur) = calls[k - 1], calls[k]
-        p_prev, g_prev, p_cur = prev.prompt_token_ids, prev.generation_token_ids, cur.prompt_token_ids
-        need = len(p_prev) + len(g_prev)
-        # List slices compare in C; no per-token Python loop on the hot path.
-        if len(p_cur) >= need and p_cur[: len(p_prev)] == p_prev and p_cur[len(p_prev) : need] == g_prev:
-            continue
-        expected = p_prev + g_prev
-        j = _first_mismatch(p_cur, expected)
-        got = p_cur[j : j + 4] if j < len(p_cur) else "<end of prompt>"
-        return k, (
-            f"{where}: model call {k} is not contiguous: response.output[{i_cur}].prompt_token_ids[{j}:] = {got} "
-            f"but call {k - 1} (response.output[{i_prev}]) prompt+generation has {expected[j : j + 4]} there "
-            f"(expected the {need} tokens of prompt_{k - 1} + generation_{k - 1} as prefix; prompt_{k} has "
-            f"{len(p_cur)} tokens)"
-        )
-    return len(calls), ""
-
-
 def build_trajectory(
     result: GymRunResult,
     *,
@@ -303,7 +257,7 @@ def build_trajectory(
         return masked(MaskReason.MASK_SAMPLE, f"{where}: Gym set mask_sample" + (f" ({gym_says})" if gym_says else ""))
     if config.mask_on_failure_kind and result.failure_kind:
         return masked(MaskReason.FAILURE_KIND, f"{where}: Gym named failure_kind ({gym_says})")
-    missing = _calls_without_ids(output)
+    missing = calls_without_ids(output)
     if missing:
         incomplete = result.response.incomplete_details
         if incomplete is not None and missing[-1] == max(i for i, it in enumerate(output) if it.is_model_output):
@@ -334,7 +288,7 @@ def build_trajectory(
             f"{config.max_model_len}",
         )
 
-    n_ok, break_detail = _contiguous_prefix(calls, where)
+    n_ok, break_detail = contiguous_prefix(calls, where)
     truncated = n_ok < len(calls)
     if truncated:
         if config.contiguity == "raise":

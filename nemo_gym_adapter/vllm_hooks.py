@@ -50,14 +50,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_gym_adapter.errors import AdapterError, SetupError, TokenAlignmentError
-from nemo_gym_adapter.splice import (
-    TurnTemplate,
-    last_tokenized_assistant,
-    messages_through,
-    splice_prompt,
-    turn_history,
-    turn_template_from_tokenizer,
-)
+from nemo_gym_adapter.splice import last_tokenized_assistant, messages_through, splice_prompt, turn_history
+from nemo_gym_adapter.turn_template import TurnTemplate, turn_template_from_tokenizer
 from nemo_gym_adapter.vllm_prefix_render import fast_prefix_ids
 
 REQUIRED_PREFIX_KEY = "required_prefix_token_ids"  # Gym's prefix-supply extension (vllm_model supply_prefix_token_ids)

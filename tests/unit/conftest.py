@@ -42,7 +42,7 @@ def family_tokenizers(tiny_model_dir):
     """family -> (tokenizer, TurnTemplate with the generation-config stop ids, terminator text)."""
     from transformers import AutoTokenizer
 
-    from nemo_gym_adapter.splice import turn_template_from_tokenizer
+    from nemo_gym_adapter.turn_template import turn_template_from_tokenizer
 
     out = {}
     for family in FAMILIES:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter.dataset import MAX_REPORTED_ERRORS, GymRow, load_gym_jsonl
+from nemo_gym_adapter.dataset import MAX_REPORTED_ERRORS, load_gym_jsonl
 from nemo_gym_adapter.errors import DatasetError
+from nemo_gym_adapter.gym_rows import GymRow
 
 BAD = Path(__file__).resolve().parents[1] / "fixtures" / "bad_jsonl"
 KNOWN = {"weather_agent", "math_agent"}
@@ -271,22 +272,6 @@ def test_dataset_items_carry_rows_exactly_through_verls_collate(tmp_path):
     batch = DataProto.from_single_dict(collate_fn([ds[i] for i in range(len(ds))]))
     got = [json.dumps(r) for r in batch.non_tensor_batch["gym_row"]]
     assert got == [json.dumps(json.loads(line)) for line in TRICKY_LINES]
-
-
-# ----------------------------------------------------------------------------------------------- GymRows
-def test_gym_rows_index_slice_select_and_iterate_alike(tmp_path):
-    path = _write(tmp_path / "d.jsonl", [_row(f"agent_{i % 3}", i=i) for i in range(10)])
-    rows = load_gym_jsonl(path)
-    assert [r.data["i"] for r in rows] == list(range(10))  # batched iteration
-    assert [rows[i].data["i"] for i in range(-10, 0)] == list(range(10))  # negative indices
-    assert [r.data["i"] for r in rows[7:2:-2]] == [7, 5, 3]
-    picked = rows.select([9, 0, 4])
-    assert [r.where for r in picked] == [f"{path}:10", f"{path}:1", f"{path}:5"]
-    assert [r.data["i"] for r in picked.select([2, 0])] == [4, 9]  # a selection of a selection
-    assert [r.data["i"] for r in picked] == [9, 0, 4]
-    assert picked.env_counts == {"agent_0": 2, "agent_1": 1} and rows.env_counts["agent_0"] == 4
-    with pytest.raises(IndexError):
-        rows[10]
 
 
 def test_max_samples_picks_the_rows_verls_own_dataset_picks(tmp_path):

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter.errors import AdapterConfigError
-from nemo_gym_adapter.liveness import Liveness, LivenessConfig, Server, ServerDownError, Topology
+from nemo_gym_adapter.liveness import Liveness, LivenessConfig, ServerDownError
 from nemo_gym_adapter.rollout_client import RolloutClientConfig
 from nemo_gym_adapter.rollout_core import RolloutCore
 from nemo_gym_adapter.routing import GymRoutes
+from nemo_gym_adapter.server_probes import Server, Topology
 from nemo_gym_adapter.trajectory import MaskReason, TrajectoryConfig
 from tests.support.fake_gym import gym_config_for
 from tests.support.gym_results import E0, G0, G1, P0, handmade_multiturn
@@ -92,17 +93,6 @@ def liveness(config: dict[str, Any], probes: FakeProbes, gym: Any = None, **kw: 
     topology = Topology.from_gym(config, GymRoutes.from_config(config))
     cfg = LivenessConfig(**{**FAST, **kw})
     return Liveness(topology, cfg, gym=gym, probe=probes.probe, load=probes.load_of)
-
-
-def test_topology_names_every_server_an_agents_rows_pass_through():
-    config = two_env_config()
-    top = Topology.from_gym(config, GymRoutes.from_config(config), head_host="10.9.9.9")
-    assert top.needs["agent_a"] == ("agent_a_environment_server", "agent_a", "res_a", "policy")
-    assert top.needs["agent_b"] == ("agent_b_environment_server", "agent_b", "policy")
-    assert top.replicas == {"policy": ("10.0.0.1:8000", "10.0.0.2:8000")}
-    assert top.servers["10.0.0.1:8000"].url == "http://10.0.0.1:8000/health"
-    assert top.servers["policy"].url == "http://10.9.9.9:9400"  # a wildcard bind is reached on the head's host
-    assert top.models_of("agent_b") == ["policy"]
 
 
 async def test_a_dead_resources_server_blocks_only_the_agents_that_use_it():

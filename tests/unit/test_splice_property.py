@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nemo_gym_adapter.splice import (
-    TurnTemplate,
     last_tokenized_assistant,
     messages_through,
     splice_prompt,
     turn_history,
 )
+from nemo_gym_adapter.turn_template import TurnTemplate
 from tests.support.conversations import template_view
 
 ENDINGS = ("terminator", "other_eos", "none")
@@ -158,7 +158,7 @@ def build_family(name: str, path) -> Family:
     """A ``Family`` of the tiny model at ``path`` (tokenizer, its TurnTemplate, a safe plain-text vocabulary)."""
     from transformers import AutoTokenizer
 
-    from nemo_gym_adapter.splice import turn_template_from_tokenizer
+    from nemo_gym_adapter.turn_template import turn_template_from_tokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
     eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
