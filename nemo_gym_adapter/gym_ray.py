@@ -87,6 +87,10 @@ def head_env(
     env = gym_process_env(gym_venv, dict(extra), base)
     env.pop("RAY_AUTH_TOKEN_PATH", None)  # the token below is the only one
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    # Ray prestarts one Python worker per CPU when the first driver connects -- Gym's launcher, at the start of Gym's
+    # spin-up, where those imports compete for the CPUs; Gym's servers only connect at start-up, so workers start
+    # when a Gym server first submits Ray work instead (``nemo_gym.env`` can set it back to 1).
+    env.setdefault("RAY_prestart_worker_first_driver", "0")
     return env
 
 

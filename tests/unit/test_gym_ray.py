@@ -60,6 +60,11 @@ def test_head_env_is_gyms_with_a_token_of_its_own(tmp_path):
     assert "PYTHONPATH" not in env and "RAY_ADDRESS" not in env and "RAY_AUTH_TOKEN_PATH" not in env
     assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"], env["HF_HOME"]) == ("token", "t" * 64, "/hf")
     assert env["PATH"] == f"{tmp_path / 'venv' / 'bin'}:/usr/bin"
+    assert env["RAY_prestart_worker_first_driver"] == "0"  # no worker burst when Gym's launcher connects
+    assert (
+        head_env(tmp_path, {"RAY_prestart_worker_first_driver": "1"}, "t", base={})["RAY_prestart_worker_first_driver"]
+        == "1"
+    )
 
 
 def test_gym_joins_the_head_restart_reuses_it_or_replaces_a_dead_one_and_nothing_is_left(
