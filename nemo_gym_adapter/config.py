@@ -15,6 +15,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       host: null                     # a started Gym's bind host; null: 127.0.0.1 (only this host calls it)
       head_port: null                # null: a free port
       gym_venv: null                 # null: paths.gym_venv() (NGV_GYM_VENV)
+      ray_head: early                # Gym's Ray: early (started before verl's workers, gym_ray) | gym | host:port
       run_dir: null                  # Gym's logs and pid file; null: logs/gym/<time>-<port>
       startup_timeout_s: 600
       attach_timeout_s: 60
@@ -40,6 +41,7 @@ legacy one), so ``trainer.use_v1`` alone switches paths.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -106,6 +108,10 @@ class NemoGymConfig(_Section):
     host: str | None = None
     head_port: int | None = Field(None, ge=1, le=65535)
     gym_venv: str | None = None
+    # The Ray cluster Gym joins (Gym 0.7 always calls ray.init): early -- a head from Gym's venv started while verl
+    # starts (nemo_gym_adapter.gym_ray) --, gym -- Gym starts its own --, or the host:port of a running one started
+    # with Gym's Python version. Ignored when head_url is set.
+    ray_head: str = "early"
     run_dir: str | None = None
     startup_timeout_s: float = Field(600.0, gt=0)
     attach_timeout_s: float = Field(60.0, gt=0)
@@ -148,6 +154,17 @@ class NemoGymConfig(_Section):
         # A derived config cannot delete a key it inherits (OmegaConf merges dicts), so `<block>: null` means "no
         # override for this Gym block": e.g. a demo config switching environments drops its parent's agent override.
         return {name: value for name, value in overrides.items() if value is not None}
+
+    @field_validator("ray_head")
+    @classmethod
+    def _ray_head(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if value in ("early", "gym") or (re.fullmatch(r"[\w.\-]+", host) and port.isdigit() and 0 < int(port) < 65536):
+            return value
+        raise ValueError(
+            "use early (a Ray head from Gym's venv, started while verl starts), gym (Gym starts its own) or the "
+            "host:port of a running Ray head started with Gym's Python version"
+        )
 
     @field_validator("head_url")
     @classmethod

@@ -43,6 +43,7 @@ class GymLaunchSpec(BaseModel):
     head_port: int | None = Field(None, ge=1, le=65535, description="None: a free port")
     port_range: tuple[int, int] | None = Field(None, description="Gym's port_range_low/high for its servers")
     ray_head_node_address: str | None = Field(None, description="a Ray cluster started with Gym's Python version")
+    ray_auth_token: SecretStr | None = Field(None, description="that cluster's token (gym_ray.GymRayHead), env only")
     gym_venv: Path = Field(default_factory=paths.gym_venv)
     server_venvs_dir: Path | None = Field(
         default_factory=paths.gym_server_venvs_dir, description="uv_venv_dir with prebuilt .venv links; None: uv"
@@ -153,23 +154,33 @@ def launch_command(spec: GymLaunchSpec, config_paths: list[str], launch_yaml: Pa
     ]
 
 
-def launch_env(spec: GymLaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Gym's environment: ``base`` (default: ours) without trainer-side variables, plus ``spec.env``, the API key,
-    Gym's venv first on PATH, and the Ray settings that keep Gym on a cluster of its own."""
+def gym_process_env(gym_venv: Path, extra: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every process we start from Gym's venv (Gym, its Ray head): ``base`` (default: ours)
+    without trainer-side variables, plus ``extra``, Gym's venv first on PATH, unbuffered output, no Ray usage stats."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _SCRUBBED_ENV}
-    env.update(spec.env)
+    env.update(extra)
     env.update(
         {
-            API_KEY_ENV: spec.policy_api_key.get_secret_value(),
-            "PATH": f"{spec.gym_venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+            "PATH": f"{gym_venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
             "PYTHONUNBUFFERED": "1",
             "RAY_USAGE_STATS_ENABLED": "0",
         }
     )
+    return env
+
+
+def launch_env(spec: GymLaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Gym's environment (:func:`gym_process_env` with ``spec.env``), the API key, and the Ray settings that keep
+    Gym on a cluster of its own."""
+    env = gym_process_env(spec.gym_venv, spec.env, base)
+    env[API_KEY_ENV] = spec.policy_api_key.get_secret_value()
     if not spec.ray_head_node_address:
         # Gym calls ray.init() without an address, which joins the cluster named in /tmp/ray/ray_current_cluster
         # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one.
         env["RAY_ADDRESS"] = "local"
+    elif spec.ray_auth_token is not None:
+        # our own head (gym_ray.GymRayHead): its token, through the environment only
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=spec.ray_auth_token.get_secret_value())
     elif "RAY_AUTH_MODE" not in env and (Path.home() / ".ray" / "auth_token").exists():
         # `ray start` (Ray >= 2.5x) enables token auth and writes this token, but a process that only connects
         # stays in "disabled" mode and is refused; say "token" like the cluster (override via spec.env).

@@ -16,8 +16,9 @@ Lifecycle (STYLE.md §8): the launcher runs in its own session with its log unde
 go to ``run_dir/servers/<name>.log``. Teardown (context exit, exception, ``stop()``, SIGTERM/atexit via
 ``procs.stop_all``) stops the pid tree, then sweeps the launcher's *session*: Ray's agents are re-parented to init
 when the raylet dies and ignore SIGTERM, but they keep the session id, so they are found by it, never by name.
-``attach`` mode owns nothing and never stops anything. What to start (spec, config file, command, environment) is
-:mod:`nemo_gym_adapter.gym_launch`; what a running Gym answers over HTTP is :class:`GymHead`.
+``attach`` mode owns nothing and never stops anything. Given a Ray head started earlier (``start(spec, ray_head=)``,
+:mod:`nemo_gym_adapter.gym_ray`), Gym joins it instead of starting its own. What to start (spec, config file, command,
+environment) is :mod:`nemo_gym_adapter.gym_launch`; what a running Gym answers over HTTP is :class:`GymHead`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from nemo_gym_adapter.gym_launch import (
     launch_env,
     resolve_config_paths,
 )
-from nemo_gym_adapter.procs import SessionProcess, alive, free_port, log_tail, session_members
+from nemo_gym_adapter.gym_ray import GymRayHead
+from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, free_port, log_tail, session_members
 from nemo_gym_adapter.routing import GymRoutes
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
@@ -170,28 +172,40 @@ class GymServers(GymHead):
         self.spec: GymLaunchSpec | None = None  # what start() ran (head port fixed), for restart()
         self.restarts = 0
         self.on_restart: list[Callable[[GymServers], None]] = []  # run after each restart (e.g. a new pid file)
+        self.ray_head: GymRayHead | None = None  # the Ray head Gym joined (start(ray_head=)); used, not owned
+        self.ray_wait_seconds = 0.0  # of startup_seconds: waiting for that head
 
     @classmethod
-    def start(cls, spec: GymLaunchSpec) -> GymServers:
+    def start(cls, spec: GymLaunchSpec, ray_head: GymRayHead | None = None) -> GymServers:
         """Launch Gym and wait until the head reports ready and every server instance answers.
 
+        With ``ray_head`` (:class:`gym_ray.GymRayHead`, started earlier), first wait for it and have Gym join it
+        (``ray_head_node_address`` and its token) instead of starting a Ray cluster of its own; the wait counts in
+        ``startup_seconds`` (``ray_wait_seconds`` alone). The head is used, not owned: :meth:`stop` leaves it.
+
         Raises ``AdapterConfigError`` for a bad spec (before starting anything) and ``GymServerError`` naming the
-        server that is not ready, with its log tail, on timeout or crash; everything started is stopped first.
+        server that is not ready (or the Ray head), with its log tail, on timeout or crash; everything started is
+        stopped first.
         """
         config_paths = resolve_config_paths(spec)
         python = spec.gym_venv / "bin" / "python"
         if not python.exists():
             raise AdapterConfigError(f"gym.gym_venv: {python} missing; run scripts/setup.sh")
+        t0 = time.monotonic()
+        if ray_head is not None:
+            address = ray_head.wait_ready(spec.startup_timeout_s)
+            spec = spec.model_copy(update={"ray_head_node_address": address, "ray_auth_token": ray_head.auth_token})
+        ray_wait_s = time.monotonic() - t0
         head_port = spec.head_port or free_port(spec.host if spec.host != "0.0.0.0" else "127.0.0.1")
         run_dir = spec.run_dir or paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{head_port}"
         run_dir.mkdir(parents=True, exist_ok=True)
         launch_yaml = run_dir / "ngv_launch.yaml"
         launch_yaml.write_text(json.dumps(launch_config(spec, head_port, run_dir), indent=1))  # JSON is YAML
         cmd, env = launch_command(spec, config_paths, launch_yaml), launch_env(spec)
-        t0 = time.monotonic()
         launcher = SessionProcess(name="NeMo Gym launcher", cmd=cmd, log_path=run_dir / "gym.log", env=env, cwd=run_dir)
         launcher.stop_timeout_s = spec.stop_timeout_s
         gym = cls(f"http://{_connect_host(spec.host)}:{head_port}", launcher=launcher, run_dir=run_dir)
+        gym.ray_head, gym.ray_wait_seconds = ray_head, ray_wait_s
         try:
             gym._wait_ready(t0 + spec.startup_timeout_s, spec)
         except BaseException:
@@ -207,7 +221,8 @@ class GymServers(GymHead):
         in ``<run_dir>/restart<n>``. ``drop_replicas`` (``host:port``) leave ``policy_base_url``: Gym 0.7's model
         proxy cannot stop routing to a dead vLLM replica otherwise. Restarts every server: Gym's launcher stops
         all of them anyway within a minute of one dying. Raises ``GymServerError`` for an attached Gym, when no
-        replica would be left, or (as :meth:`start`) when the new Gym does not come up."""
+        replica would be left, or (as :meth:`start`) when the new Gym does not come up. The Ray head Gym joined
+        (``start(ray_head=)``) is reused while it is alive, else restarted first."""
         if self._launcher is None or self.spec is None:
             raise GymServerError(f"Gym at {self.head_url} was not started by us; it cannot be restarted")
         spec = self.spec
@@ -217,10 +232,15 @@ class GymServers(GymHead):
         self.restarts += 1
         run_dir = (self.run_dir or paths.logs_dir() / "gym") / f"restart{self.restarts}"
         self.stop()
-        new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}))
+        head = self.ray_head
+        if head is not None and not head.alive():
+            logger.warning("Gym's Ray head %s is gone (log %s); starting a new one", head.address, head.log_path)
+            head.restart()
+        new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}), ray_head=head)
         # run_dir stays the first one (pid file, sweep); the new launcher logs under restart<n>/.
         self._launcher, self.spec, self._config = new._launcher, new.spec, None
         self.head_url, self.startup_seconds = new.head_url, new.startup_seconds
+        self.ray_wait_seconds = new.ray_wait_seconds
         logger.warning(
             "Gym restarted (%d) in %.1fs at %s, replicas %s",
             self.restarts,
@@ -281,7 +301,7 @@ class GymServers(GymHead):
         """Return once Gym can serve rollouts (:meth:`_serves`); probes run when Gym's log says a server came up."""
         launcher = self._launcher
         assert launcher is not None  # only start() waits
-        log = _LogEvents(launcher.log_path)
+        log = LogWatch(launcher.log_path, _READY_MARKERS)
         while True:
             if not launcher.alive():
                 raise _start_failure(
@@ -327,45 +347,9 @@ class GymServers(GymHead):
 # Without a log line that announces a server, probe this often anyway (a quiet server, another log format).
 _FALLBACK_PROBE_S = 1.0
 # What Gym's launcher log says when something became reachable: uvicorn binding (head and every server, whose
-# output Gym copies into the launcher's stdout) and Gym's own "All N / N servers ready!".
+# output Gym copies into the launcher's stdout) and Gym's own "All N / N servers ready!". Our own probes make the
+# head log access lines, which must not count as events, so only these do.
 _READY_MARKERS = (b"Uvicorn running on", b"servers ready")
-
-
-class _LogEvents:
-    """Wake up when Gym's launcher log announces a server (:data:`_READY_MARKERS`), not on a fixed cadence.
-
-    Reads only the bytes appended since the last look (a ``stat`` every 20 ms while waiting): our own probes make
-    the head log access lines, which must not count as events, so only the markers do.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self._carry = b""
-
-    def wait(self, timeout: float) -> bool:
-        """True as soon as a marker is appended (or was, since the last call); False after ``timeout`` seconds."""
-        end = time.monotonic() + timeout
-        while True:
-            if self._marker_appended():
-                return True
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.02)
-
-    def _marker_appended(self) -> bool:
-        try:
-            size = self.path.stat().st_size
-            if size <= self.offset:
-                return False
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read(size - self.offset)
-        except OSError:
-            return False
-        self.offset += len(chunk)
-        text, self._carry = self._carry + chunk, chunk[-64:]  # a marker split across two reads is still seen
-        return any(marker in text for marker in _READY_MARKERS)
 
 
 def model_endpoints(config: dict[str, Any]) -> list[str]:

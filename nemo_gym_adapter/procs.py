@@ -269,8 +269,8 @@ class SessionProcess(ManagedProcess):
         before = set(session_members(sid))
         super().stop(timeout=timeout)
         leftovers = set(session_members(sid)) | {p for p in before if alive(p)}
-        if leftovers:
-            kill_tree(leftovers, timeout=2.0)
+        if leftovers:  # typically Ray's agents, which ignore SIGTERM: no longer grace than the tree had
+            kill_tree(leftovers, timeout=min(2.0, timeout))
 
 
 def alive(pid: int) -> bool:
@@ -281,6 +281,41 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+class LogWatch:
+    """Wake up when a log file gets one of ``markers`` appended (e.g. a server announcing itself), not on a fixed
+    cadence. Reads only the bytes appended since the last look (a ``stat`` every 20 ms while waiting)."""
+
+    def __init__(self, path: Path, markers: Sequence[bytes]) -> None:
+        self.path = path
+        self.markers = tuple(markers)
+        self.offset = 0
+        self._carry = b""
+
+    def wait(self, timeout: float) -> bool:
+        """True as soon as a marker is appended (or was, since the last call); False after ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while True:
+            if self._marker_appended():
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+
+    def _marker_appended(self) -> bool:
+        try:
+            size = self.path.stat().st_size
+            if size <= self.offset:
+                return False
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read(size - self.offset)
+        except OSError:
+            return False
+        self.offset += len(chunk)
+        text, self._carry = self._carry + chunk, chunk[-64:]  # a marker split across two reads is still seen
+        return any(marker in text for marker in self.markers)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -16,7 +16,7 @@ can be overridden as usual. The run, in order:
    :data:`recipe.nemo_gym.task_runner.NemoGymTaskRunner` (``trainer.use_v1=False``: the legacy trainer, manager
    ``recipe.nemo_gym.agent_loop``): verl starts Ray, the actor workers and the vLLM replicas; our manager patches the
    replicas, starts Gym in front of them and serves every ``generate_sequences``;
-4. always: sweep Gym's processes by the pid file the manager leaves while Gym runs (in case the TaskRunner was
+4. always: sweep Gym's processes (and its Ray head's) by the pid files left while they run (in case the TaskRunner was
    killed outright) and shut Ray down. SIGTERM takes the same path.
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_gym_adapter import paths
+from nemo_gym_adapter import gym_ray, paths
 from nemo_gym_adapter.config import load_config, register_resolvers
 from nemo_gym_adapter.errors import AdapterConfigError
 
@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 CONFIG_DIR = str(paths.REPO_ROOT / "configs")
 DEFAULT_CONFIG = "nemo_gym_cpu"
 PID_FILE = "gym.pid"  # = recipe.nemo_gym.manager_base.PID_FILE (not imported: that module imports verl)
+RAY_PID_FILE = gym_ray.PID_FILE  # Gym's Ray head started early
 
 # Hydra composes the config before calling main(); the resolvers must exist by the time anything reads it.
 register_resolvers()
@@ -145,13 +146,19 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def sweep_gym(run_dir: Path | None) -> list[int]:
-    """Stop whatever Gym processes the manager recorded and did not stop itself; return the pids stopped.
+    """Stop whatever Gym processes the manager recorded and did not stop itself -- Gym (``gym.pid``) and its Ray head
+    (``gym_ray.pid``, ``nemo_gym_adapter.gym_ray``) --; return the pids stopped.
 
-    The manager removes the pid file when it stops Gym, so normally there is nothing to do. Pids are checked
+    The manager removes a pid file when it stops what it names, so normally there is nothing to do. Pids are checked
     against the recorded session ids, never matched by name.
     """
-    record_path = run_dir / PID_FILE if run_dir is not None else None
-    if record_path is None or not record_path.is_file():
+    if run_dir is None:
+        return []
+    return sorted(p for name in (PID_FILE, RAY_PID_FILE) for p in _sweep_record(run_dir / name))
+
+
+def _sweep_record(record_path: Path) -> list[int]:
+    if not record_path.is_file():
         return []
     from nemo_gym_adapter.procs import kill_tree, session_members
 
@@ -169,7 +176,9 @@ def sweep_gym(run_dir: Path | None) -> list[int]:
         except OSError:
             continue
     if leftovers:
-        logger.warning("stopping %d Gym process(es) left behind: %s", len(leftovers), sorted(leftovers))
+        logger.warning(
+            "stopping %d Gym process(es) left behind (%s): %s", len(leftovers), record_path.name, sorted(leftovers)
+        )
         kill_tree(sorted(leftovers), timeout=5.0)
     record_path.unlink(missing_ok=True)
     return sorted(leftovers)

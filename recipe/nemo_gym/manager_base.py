@@ -11,7 +11,10 @@ the v1 trainer in ``main_ppo.init_agent_loop_manager``. :class:`GymManagerBase` 
 3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``), the tokenizer's
    pad id and the engine probe's token ids;
 4. start NeMo Gym with the replicas as its policy (:func:`gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
-   launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright;
+   launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright.
+   With ``nemo_gym.ray_head: early`` (the default) Gym joins a Ray head from Gym's venv
+   (:mod:`nemo_gym_adapter.gym_ray`) that the task runner started before verl's workers (claimed here) or, when
+   there is none, that :meth:`GymManagerBase.start` starts before step 1, so it comes up during steps 1-3;
 5. build the trainer-agnostic :class:`~nemo_gym_adapter.rollout_core.RolloutCore` over the running Gym, with its
    liveness check (``nemo_gym.on_server_down``; :mod:`nemo_gym_adapter.liveness`).
 
@@ -45,6 +48,7 @@ from nemo_gym_adapter.addresses import (
 from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
 from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+from nemo_gym_adapter.gym_ray import GymRayHead, claim_early_head, start_head_for, wants_head
 from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
@@ -82,6 +86,7 @@ class GymManagerBase:
         # Validated at start-up by the recipe already; again here because the trainer may be started another way.
         self.recipe: RecipeConfig = load_config(config, check_files=False)
         self.gym: GymServers | None = None
+        self.ray_head: GymRayHead | None = None  # Gym's Ray head (nemo_gym.ray_head: early), stopped at shutdown
         self.core: RolloutCore | None = None
         self.replicas: dict[str, str] = {}  # "ip:port" -> server actor name
         self.replica_endpoints: list[ReplicaEndpoint] = []  # per replica, in verl's order
@@ -114,6 +119,7 @@ class GymManagerBase:
     def start(self) -> None:
         """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
         t0 = time.perf_counter()
+        self.ray_head = self._claim_ray_head()  # first: it comes up while the replicas are found and patched
         self.replica_endpoints, handles = find_replicas(self.llm_client)
         self.replica_handles = dict(handles)
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
@@ -137,6 +143,15 @@ class GymManagerBase:
         atexit.register(self.shutdown)
         logger.info("NeMo Gym manager ready in %.1fs: replicas %s, Gym %s", t2 - t0, list(self.replicas), self.gym)
 
+    def _claim_ray_head(self) -> GymRayHead | None:
+        """The Ray head Gym will join (``nemo_gym.ray_head: early``, a Gym we start): the one the task runner started
+        early in this process, else a new one; stopped at shutdown, after Gym. None otherwise."""
+        if not wants_head(self.recipe.gym):
+            return None
+        head = claim_early_head() or start_head_for(self.recipe.gym)
+        self.on_shutdown("Gym's Ray head", head.stop)
+        return head
+
     def _start_gym(self, model_name: str) -> GymServers:
         gym = self.recipe.gym
         urls = [ep.url for ep in self.replica_endpoints]
@@ -153,7 +168,8 @@ class GymManagerBase:
         node_ip = ray.util.get_node_ip_address()
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
         logger.info("Gym listens on %s: %s", self.gym_host.host, self.gym_host.reason)
-        started = GymServers.start(gym_launch_spec(gym, urls, model_name, host=self.gym_host.host))
+        spec = gym_launch_spec(gym, urls, model_name, host=self.gym_host.host)
+        started = GymServers.start(spec, ray_head=self.ray_head)
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
         started.on_restart.append(write_pid_file)
@@ -287,6 +303,8 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
     if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
         config_paths.append(TRAINING_MODEL_CONFIG)
     optional = {"head_port": gym.head_port, "gym_venv": gym.gym_venv, "run_dir": gym.run_dir}
+    if gym.ray_head not in ("early", "gym"):  # the host:port of a Ray head someone else runs
+        optional["ray_head_node_address"] = gym.ray_head
     return GymLaunchSpec.parse(
         {
             "config_paths": config_paths,

@@ -17,6 +17,8 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
    manager's per-environment validation metrics and Gym's ``/aggregate_metrics`` (``nemo_gym_adapter.validation``).
 5. With ``nemo_gym.env_weights``, the training sampler is ``env_sampling.EnvWeightedSampler``: each batch holds
    every environment's share of rows.
+6. Gym's Ray head (``nemo_gym.ray_head: early``) starts first, before the datasets and workers, so it is up by the
+   time the manager starts Gym (``nemo_gym_adapter.gym_ray.early_ray_head``).
 
 verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
 ``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
@@ -40,6 +42,7 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
 from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.env_sampling import EnvWeightedSampler
+from nemo_gym_adapter.gym_ray import early_ray_head
 from nemo_gym_adapter.metrics import scope_name
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
@@ -144,13 +147,17 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
         return actor_cls, group_cls
 
     def run(self, config: Any) -> None:
+        print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
+        OmegaConf.resolve(config)
+        with early_ray_head(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
+            self._run(config)
+
+    def _run(self, config: Any) -> None:
         from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
         from verl.utils.dataset.rl_dataset import collate_fn
         from verl.workers.config import HFModelConfig
 
-        print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
-        OmegaConf.resolve(config)
         actor_cls, group_cls = self.add_actor_rollout_worker(config)
         self.add_critic_worker(config)
         self.add_reward_model_resource_pool(config)

@@ -22,7 +22,9 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    - with ``nemo_gym.env_weights`` the training dataloader samples with the legacy trainer's
      ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
-4. Ray may not auto-start a cluster in this process (:func:`forbid_ray_auto_init`): once the run's Ray is gone, a late
+4. Gym's Ray head (``nemo_gym.ray_head: early``) starts before ``tq.init`` and verl's workers, so it is up by the
+   time the manager starts Gym (``nemo_gym_adapter.gym_ray.early_ray_head``).
+5. Ray may not auto-start a cluster in this process (:func:`forbid_ray_auto_init`): once the run's Ray is gone, a late
    Ray call from a thread still running here would otherwise start a fresh local cluster whose agents outlive the run.
 """
 
@@ -40,6 +42,7 @@ import ray
 from omegaconf import OmegaConf
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
+from nemo_gym_adapter.gym_ray import early_ray_head
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -208,7 +211,6 @@ class NemoGymTaskRunnerV1Impl:
         )
 
     def run(self, config: Any) -> None:
-        import transfer_queue as tq
         from verl.trainer.ppo.v1 import get_trainer_cls
         from verl.utils.logging_utils import configure_verl_logging
 
@@ -221,6 +223,12 @@ class NemoGymTaskRunnerV1Impl:
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)
         self.config = config
+        with early_ray_head(config):  # Gym's Ray head comes up while verl starts its workers and vLLM
+            self._run(trainer_cls, config)
+
+    def _run(self, trainer_cls: type, config: Any) -> None:
+        import transfer_queue as tq
+
         tq.init(config.transfer_queue)
         succeeded = False
         try:

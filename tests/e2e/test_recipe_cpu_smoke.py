@@ -167,6 +167,9 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     )
 
     assert not (run_dir / "gym.pid").exists()  # the manager stopped Gym itself
+    # nemo_gym.ray_head: early (the default): Gym joined the Ray head the task runner started; it is stopped too
+    assert "Connecting to Ray cluster at specified address: 127.0.0.1:" in (run_dir / "gym.log").read_text()
+    assert not (run_dir / "gym_ray.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 

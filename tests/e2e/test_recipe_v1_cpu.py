@@ -73,6 +73,9 @@ def test_two_grpo_steps_on_v1_with_plain_gym_metrics_and_no_orphans(tmp_path, re
         )
     )
     assert not (tmp_path / "gym" / "gym.pid").exists()  # the manager stopped Gym itself
+    # nemo_gym.ray_head: early (the default): Gym joined the Ray head the task runner started; it is stopped too
+    assert "Connecting to Ray cluster at specified address: 127.0.0.1:" in (tmp_path / "gym" / "gym.log").read_text()
+    assert not (tmp_path / "gym" / "gym_ray.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 

@@ -223,3 +223,35 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
     if not out or not out[0]:
         raise AssertionError(f"child did not report a started Gym within {timeout}s (exit code {proc.poll()})")
     return out[0]
+
+
+def test_gym_joins_an_early_ray_head_a_restart_reuses_it_and_nothing_is_left(tmp_path):
+    """``nemo_gym.ray_head: early``: a real ``ray start`` from Gym's venv; Gym connects to it (its log says so) and
+    runs no Ray cluster of its own (one GCS, the head's); a Gym restart joins the same head; stopping Gym, then the
+    head, leaves no process and no temp dir."""
+    from nemo_gym_adapter.gym_ray import GymRayHead
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    spec = single_tool_call_spec(
+        [_dead_url()], "m", run_dir=run_dir, startup_timeout_s=START_TIMEOUT_S, config_overrides=NO_MODEL_WAIT
+    )
+    joined = "Connecting to Ray cluster at specified address: {}"
+    with PidRecorder() as rec:
+        head = GymRayHead.start(run_dir=run_dir)
+        try:
+            with GymServers.start(spec, ray_head=head) as gym:
+                log = gym.log_path.read_text()
+                assert joined.format(head.address) in log and "starting a new Ray cluster" not in log, log[-3000:]
+                assert "gcs_server" not in _cmdlines(gym.pids()) and "raylet" not in _cmdlines(gym.pids())
+                assert "gcs_server" in _cmdlines(head.pids())
+                first = head.proc.pid
+                gym.restart()
+                assert head.proc.pid == first and head.restarts == 0
+                assert joined.format(head.address) in (run_dir / "restart1" / "gym.log").read_text()
+                print(f"Ray head up in {head.start_seconds:.1f}s; Gym {gym.startup_seconds:.1f}s after restart")
+            assert head.alive()  # Gym's stop leaves the head to its owner
+        finally:
+            head.stop()
+    assert _wait_gone(rec.seen) == [], _cmdlines(_alive(rec.seen))
+    assert head.temp_dir is not None and not head.temp_dir.exists()

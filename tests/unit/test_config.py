@@ -36,10 +36,16 @@ def test_defaults_are_complete():
     assert section.trajectory.contiguity == "mask" and section.trajectory.mask_on_failure_kind is False
     assert section.metrics.success_threshold is None
     assert section.assistant_edits == "keep_ids"
+    assert section.ray_head == "early"  # Gym's Ray head starts while verl starts (gym_ray)
     assert section.policy_api_key.get_secret_value() == "EMPTY"
     # every field has a default: only the start-or-attach choice is required
     required = [name for name, f in NemoGymConfig.model_fields.items() if f.is_required()]
     assert required == []
+
+
+@pytest.mark.parametrize("value", ["early", "gym", "10.0.0.1:6379", "node-1.cluster:40000"])
+def test_ray_head_takes_early_gym_or_an_address(value):
+    assert parse_section({"config_paths": [GYM_CONFIG], "ray_head": value}).ray_head == value
 
 
 def test_valid_config_reads_the_verl_keys(cfg):
@@ -81,6 +87,9 @@ def test_omegaconf_input_is_accepted(cfg):
             "nemo_gym.assistant_edits='keep'",
             "'keep_ids' or 'refuse'",
         ),
+        ({"config_paths": [GYM_CONFIG], "ray_head": "later"}, "nemo_gym.ray_head='later'", "use early"),
+        ({"config_paths": [GYM_CONFIG], "ray_head": "h:70000"}, "nemo_gym.ray_head='h:70000'", "host:port"),
+        ({"config_paths": [GYM_CONFIG], "ray_head": "ray://h:1"}, "nemo_gym.ray_head='ray://h:1'", "host:port"),
     ],
 )
 def test_section_errors_name_the_dotted_key(cfg, section, key, fragment):

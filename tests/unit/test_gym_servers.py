@@ -122,11 +122,12 @@ def test_ready_when_every_server_and_model_answers_before_gyms_own_flag(fake_gym
 
 
 def test_log_events_wake_on_a_server_announcement_only(tmp_path):
-    from nemo_gym_adapter.gym_servers import _LogEvents
+    from nemo_gym_adapter.gym_servers import _READY_MARKERS
+    from nemo_gym_adapter.procs import LogWatch
 
     log = tmp_path / "gym.log"
     log.write_bytes(b"")
-    events = _LogEvents(log)
+    events = LogWatch(log, _READY_MARKERS)
     with open(log, "ab") as f:
         f.write(b'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
     assert events.wait(0.1) is False  # our own probes' access lines are not events

@@ -106,3 +106,22 @@ def test_sampling_follows_train_or_validation_settings(cfg):
     assert manager.sampling_overrides(True)["temperature"] == 0.0
     with pytest.raises(AdapterError, match="teacher"):
         FakeManager(cfg, llm_client=None, teacher_client={"t": object()})
+
+
+def test_a_ray_head_address_goes_to_gym_and_early_or_gym_give_none(cfg):
+    for mode, address in (("10.0.0.5:6379", "10.0.0.5:6379"), ("early", None), ("gym", None)):
+        cfg["nemo_gym"]["ray_head"] = mode
+        spec = gym_launch_spec(load_config(cfg, check_files=False).gym, ["10.0.0.1:8000"], "m", host="127.0.0.1")
+        assert spec.ray_head_node_address == address, mode
+
+
+def test_manager_starts_the_ray_head_when_the_runner_did_not_and_stops_it_at_shutdown(cfg, fake_gym_venv, tmp_path):
+    cfg["nemo_gym"].update(gym_venv=str(fake_gym_venv), run_dir=str(tmp_path / "gym"))
+    manager = FakeManager(cfg, llm_client=None)
+    head = manager._claim_ray_head()
+    assert head is not None and head.alive()
+    manager.shutdown()
+    assert not head.alive()
+    for section in ({"ray_head": "gym"}, {"head_url": "http://h:1", "config_paths": []}):
+        cfg["nemo_gym"].update(section)
+        assert FakeManager(cfg, llm_client=None)._claim_ray_head() is None
