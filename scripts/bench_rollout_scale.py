@@ -79,6 +79,7 @@ def main():
     routes = GymRoutes.fetch_blocking(args["head_url"])
     client = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)
     core = RolloutCore(routes, TrajectoryConfig(prompt_length=P, response_length=R), client)
+    setup_cpu_s = time.process_time() - c0  # routes from the head (a trainer does this once per Gym, not per step)
     if args.get("profile"):  # cProfile sees one thread: the same loop, run in this one
         loop = new_event_loop()
         step = loop.run_until_complete(core.run_step(rows, envs))
@@ -92,7 +93,7 @@ def main():
     t2, c2 = time.perf_counter(), time.process_time()
     trajs = step.trajectories
     return {
-        "n": len(trajs), "wall_s": t1 - t0, "cpu_s": c1 - c0, "pad_s": t2 - t1, "pad_cpu_s": c2 - c1, "gc_s": gc_s[0],
+        "n": len(trajs), "setup_cpu_s": setup_cpu_s, "wall_s": t1 - t0, "cpu_s": c1 - c0, "pad_s": t2 - t1, "pad_cpu_s": c2 - c1, "gc_s": gc_s[0],
         "ok": sum(r.outcome.ok for r in step.rows), "masked": sum(t.masked for t in trajs),
         "tokens": int(batch.tensors["attention_mask"].sum()),
         "reasons": sorted({t.masked_reason.value for t in trajs if t.masked_reason}),
@@ -288,7 +289,7 @@ def report(
     )
     head = f"{'batch':>6} {'round':>5} {'ours/s':>7} {'Gym/s':>7} {'ratio':>6} {'step s':>7} {'CPU s':>6} "
     head += f"{'pad ms':>7} {'pad CPU':>7} {'share %':>8} {'client CPU ms/rollout':>22} {'ok ours/Gym':>12}"
-    print(head + f" {'masked':>7} {'load':>5}")
+    print(head + f" {'masked':>7} {'load':>5} {'setup CPU ms':>12}")
     for r in rounds:
         o, g = r["ours"], r["gym"]
         print(
@@ -296,7 +297,7 @@ def report(
             f"{o['wall_s'] + o['pad_s']:>7.2f} {o['cpu_s']:>6.2f} {1000 * o['pad_s']:>7.1f} "
             f"{1000 * o['pad_cpu_s']:>7.1f} {100 * share(o):>8.2f} "
             f"{1000 * o['cpu_s'] / o['n']:>10.3f} / {1000 * g['cpu_s'] / g['n']:<9.3f} "
-            f"{o['ok']:>5}/{g['ok']:<6} {o['masked']:>7} {r['load']:>5.1f}"
+            f"{o['ok']:>5}/{g['ok']:<6} {o['masked']:>7} {r['load']:>5.1f} {1000 * o.get('setup_cpu_s', 0):>12.1f}"
         )
     print("\nmedian (min-max) per batch size:")
     for batch in args.batch:
