@@ -22,6 +22,9 @@ cancelled and awaited (no orphan tasks; Gym may still finish them server-side, t
 ``TokenAlignmentError`` from ``contiguity="raise"``. Concurrent ``run_step`` calls on one core are allowed (each has
 its own concurrency bound; they share the HTTP connection pool).
 
+While a step's results arrive, Python's automatic cyclic garbage collection is paused process-wide, with a young
+collection every :data:`GC_YOUNG_EVERY` rows and at the step's end (:func:`gc_paused`; ``NGV_GC_PAUSE=0`` opts out).
+
 :class:`BlockingRolloutCore` is the same for synchronous callers (verl's legacy ``generate_sequences``): the core on
 its own event-loop thread (``loop_thread.LoopThread``), ``on_row`` running in that thread.
 """
@@ -242,8 +245,8 @@ def gc_paused() -> Iterator[None]:
 
     Why: with automatic collection, a step's surviving objects (each ``/run`` result, its outcome and trajectory)
     trigger full collections that walk the whole process heap (torch, verl, Ray: hundreds of thousands of objects
-    and more): 167-183 ms of CPU in a 1024-rollout step of ``scripts/bench_rollout_scale.py`` (one gen-2 pass was
-    130-150 ms of it), 22-26 ms paused, same peak RSS (350-351 MB; the padded batch dominates it).
+    and more): 165-183 ms of CPU in a 1024-rollout step of ``scripts/bench_rollout_scale.py`` (one gen-2 pass was
+    130-150 ms of it), 17-19 ms paused, same peak RSS (352 MB; the padded batch dominates it).
     """
     with _GC_LOCK:
         if _GC_PAUSES[0] == 0:
