@@ -229,8 +229,11 @@ class BlockingRolloutCore(BlockingFacade):
 
 GC_PAUSE_ENV = "NGV_GC_PAUSE"  # "0": keep automatic cyclic GC running during steps (default: paused, gc_paused)
 GC_YOUNG_EVERY = 1024  # rows finished (process-wide) while paused between two young collections
+GC_FULL_EVERY = 16  # young collections of one unbroken pause (overlapping steps) between two full ones
 _GC_LOCK = threading.Lock()
-_GC_PAUSES = [0, False, 0]  # steps in progress, whether automatic collection was on before the first, rows since
+# steps in progress, whether automatic collection was on before the first, rows since the last young collection,
+# young collections since the pause began
+_GC_PAUSES = [0, False, 0, 0]
 
 
 @contextmanager
@@ -240,8 +243,10 @@ def gc_paused() -> Iterator[None]:
     are freed by a young collection (``gc.collect(0)``: only objects allocated since the previous one) every
     :data:`GC_YOUNG_EVERY` finished rows (:func:`gc_row_done`) and when the last concurrent step ends, when
     automatic collection is switched back on. So cyclic garbage made during a step (by any thread) lives at most
-    until the next 1024 rows or the step's end, and no collection ever walks the whole heap during a step. A
-    collector the caller had switched off stays off and is never run.
+    until the next 1024 rows or the step's end, and no collection walks the whole heap during a step of fewer than
+    16k rows. Should steps overlap without a break (a pause that never ends), every :data:`GC_FULL_EVERY`-th of
+    those collections is a full one, so no garbage outlives 16k rows. A collector the caller had switched off
+    stays off and is never run.
 
     Why: with automatic collection, a step's surviving objects (each ``/run`` result, its outcome and trajectory)
     trigger full collections that walk the whole process heap (torch, verl, Ray: hundreds of thousands of objects
@@ -251,7 +256,7 @@ def gc_paused() -> Iterator[None]:
     with _GC_LOCK:
         if _GC_PAUSES[0] == 0:
             _GC_PAUSES[1] = gc.isenabled()
-            _GC_PAUSES[2] = 0
+            _GC_PAUSES[2] = _GC_PAUSES[3] = 0
             gc.disable()
         _GC_PAUSES[0] += 1
     try:
@@ -268,7 +273,7 @@ def gc_paused() -> Iterator[None]:
 
 def gc_row_done() -> None:
     """One row finished: while steps pause the collector (that was on), every :data:`GC_YOUNG_EVERY` rows a young
-    collection (the objects allocated since the last one; never a full pass)."""
+    collection (the objects allocated since the last one), every :data:`GC_FULL_EVERY`-th of them a full one."""
     with _GC_LOCK:
         if _GC_PAUSES[0] == 0 or not _GC_PAUSES[1]:
             return
@@ -276,8 +281,10 @@ def gc_row_done() -> None:
         due = _GC_PAUSES[2] >= GC_YOUNG_EVERY
         if due:
             _GC_PAUSES[2] = 0
+            _GC_PAUSES[3] += 1
+        full = due and _GC_PAUSES[3] % GC_FULL_EVERY == 0
     if due:
-        gc.collect(0)
+        gc.collect(2 if full else 0)
 
 
 def _routed(row: Mapping[str, Any], env: str) -> Mapping[str, Any]:

@@ -170,6 +170,31 @@ async def test_gc_pause_frees_cycles_every_n_rows_and_after_the_step(fake_server
     assert all(ref() is None for ref in cycles) and gc.isenabled()
 
 
+def test_gc_pause_that_never_ends_still_runs_a_full_collection_now_and_then(monkeypatch):
+    import gc
+
+    from nemo_gym_adapter import rollout_core
+
+    monkeypatch.setattr(rollout_core, "GC_YOUNG_EVERY", 2)
+    monkeypatch.setattr(rollout_core, "GC_FULL_EVERY", 3)
+    generations: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        with rollout_core.gc_paused():  # overlapping steps: the pause lasts for all their rows
+            for _ in range(12):
+                rollout_core.gc_row_done()
+            during = list(generations)
+    finally:
+        gc.callbacks.remove(count)
+    assert during == [0, 0, 2, 0, 0, 2], during  # a young collection every 2 rows, every 3rd of them full
+    assert generations[len(during) :] == [0] and gc.isenabled()  # and the young one that ends the pause
+
+
 def test_gc_pause_nests_and_leaves_a_disabled_collector_disabled():
     import gc
 
