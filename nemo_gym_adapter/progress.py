@@ -32,7 +32,9 @@ class RolloutProgress:
         self._failed = 0
 
     def update(self, outcome: _Done) -> None:
-        """Count one finished row (in completion order)."""
+        """Count one finished row (in completion order); nothing to do when the bar is not shown."""
+        if self._bar.disable:
+            return
         self._done[outcome.agent or "?"] += 1
         self._failed += 0 if outcome.ok else 1
         parts = [f"{name}={n}" for name, n in sorted(self._done.items())]

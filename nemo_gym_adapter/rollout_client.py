@@ -255,11 +255,8 @@ class RolloutClient:
             t0 = time.monotonic()
             try:
                 on_error = guard.suspect if guard is not None else None
-                work = asyncio.wait_for(
-                    post_with_retries(session, route, index, payload, attempts, self.config, on_error),
-                    self.config.timeout_s,
-                )
-                result = await (guard.run(agent, work) if guard is not None else work)
+                work = post_with_retries(session, route, index, payload, attempts, self.config, on_error)
+                result = await _within(guard.run(agent, work) if guard is not None else work, self.config.timeout_s)
                 if isinstance(result, str):
                     result = RolloutFailure(SERVER_DOWN, f"row {index} ({route.server}) cut: {result}")
                 elif guard is not None and isinstance(result, RolloutFailure) and _infra(result):
@@ -278,6 +275,18 @@ class RolloutClient:
         if isinstance(result, RolloutFailure):
             return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result)
         return RolloutOutcome(index, agent, route.server, latency, attempts[0], result=result)
+
+
+async def _within(work: Awaitable[Any], timeout_s: float) -> Any:
+    """``await work`` with a deadline (``asyncio.TimeoutError`` when it passes; ``work`` is then cancelled).
+
+    ``asyncio.timeout`` (Python >= 3.11) runs ``work`` in the caller's task; ``asyncio.wait_for`` before 3.12 wraps
+    it in a task of its own, one more task per rollout for the event loop to create and schedule."""
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:  # pragma: no cover - Python 3.10
+        return await asyncio.wait_for(work, timeout_s)
+    async with timeout(timeout_s):
+        return await work
 
 
 def _infra(failure: RolloutFailure) -> bool:

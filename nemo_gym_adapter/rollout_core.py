@@ -22,6 +22,9 @@ cancelled and awaited (no orphan tasks; Gym may still finish them server-side, t
 ``TokenAlignmentError`` from ``contiguity="raise"``. Concurrent ``run_step`` calls on one core are allowed (each has
 its own concurrency bound; they share the HTTP connection pool).
 
+While a step's results arrive, Python's automatic cyclic garbage collection is paused process-wide, with a young
+collection every :data:`GC_YOUNG_EVERY` rows and at the step's end (:func:`gc_paused`; ``NGV_GC_PAUSE=0`` opts out).
+
 :class:`BlockingRolloutCore` is the same for synchronous callers (verl's legacy ``generate_sequences``): the core on
 its own event-loop thread (``loop_thread.LoopThread``), ``on_row`` running in that thread.
 """
@@ -139,6 +142,7 @@ class RolloutCore:
                 outcome.index, env, outcome, trajectory_from_outcome(outcome, env_name=env, config=self.trajectory)
             )
             results[outcome.index] = row
+            gc_row_done()
             if on_row is None:
                 return
             try:
@@ -154,7 +158,7 @@ class RolloutCore:
 
         t0 = time.perf_counter()
         sent = [_routed(row, env) for row, env in zip(rows, envs, strict=True)]
-        with gc_paused() if os.environ.get(GC_PAUSE_ENV) == "1" else nullcontext():
+        with gc_paused() if os.environ.get(GC_PAUSE_ENV, "1") != "0" else nullcontext():
             if self.liveness is None:
                 await self.client.run(sent, overrides=overrides, desc=desc, on_outcome=row_done)
             else:
@@ -223,24 +227,36 @@ class BlockingRolloutCore(BlockingFacade):
         return self._loop.run(self.core.run_step(rows, envs, overrides, on_row=on_row, desc=desc))
 
 
-GC_PAUSE_ENV = "NGV_GC_PAUSE"  # "1": pause automatic cyclic GC while a step's results arrive (experimental, off)
+GC_PAUSE_ENV = "NGV_GC_PAUSE"  # "0": keep automatic cyclic GC running during steps (default: paused, gc_paused)
+GC_YOUNG_EVERY = 1024  # rows finished (process-wide) while paused between two young collections
+GC_FULL_EVERY = 16  # young collections of one unbroken pause (overlapping steps) between two full ones
 _GC_LOCK = threading.Lock()
-_GC_PAUSES = [0, False]  # steps in progress, whether automatic collection was on before the first of them
+# steps in progress, whether automatic collection was on before the first, rows since the last young collection,
+# young collections since the pause began
+_GC_PAUSES = [0, False, 0, 0]
 
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause Python's automatic cyclic garbage collection (process-wide) while a step's results arrive; reference
-    counting still frees everything outside cycles. Restored when the last concurrent step ends; a collector the
-    caller had switched off stays off.
+    """Pause Python's automatic cyclic garbage collection (process-wide) while a step's results arrive; the default
+    of every step (``NGV_GC_PAUSE=0`` opts out). Reference counting still frees everything outside cycles; cycles
+    are freed by a young collection (``gc.collect(0)``: only objects allocated since the previous one) every
+    :data:`GC_YOUNG_EVERY` finished rows (:func:`gc_row_done`) and when the last concurrent step ends, when
+    automatic collection is switched back on. So cyclic garbage made during a step (by any thread) lives at most
+    until the next 1024 rows or the step's end, and no collection walks the whole heap during a step of fewer than
+    16k rows. Should steps overlap without a break (a pause that never ends), every :data:`GC_FULL_EVERY`-th of
+    those collections is a full one, so no garbage outlives 16k rows. A collector the caller had switched off
+    stays off and is never run.
 
-    Each ``/run`` result holds thousands of token ids in lists, and the collector's passes walk them again and again
-    while a batch is alive: 8 ms of CPU at 256 rollouts, 142 ms at 1024 (``scripts/bench_rollout_scale.py``). Opt-in
-    (``NGV_GC_PAUSE=1``) until the benchmark shows the trade is worth a process-wide switch.
+    Why: with automatic collection, a step's surviving objects (each ``/run`` result, its outcome and trajectory)
+    trigger full collections that walk the whole process heap (torch, verl, Ray: hundreds of thousands of objects
+    and more): 165-183 ms of CPU in a 1024-rollout step of ``scripts/bench_rollout_scale.py`` (one gen-2 pass was
+    130-150 ms of it), 17-19 ms paused, same peak RSS (352 MB; the padded batch dominates it).
     """
     with _GC_LOCK:
         if _GC_PAUSES[0] == 0:
             _GC_PAUSES[1] = gc.isenabled()
+            _GC_PAUSES[2] = _GC_PAUSES[3] = 0
             gc.disable()
         _GC_PAUSES[0] += 1
     try:
@@ -248,8 +264,27 @@ def gc_paused() -> Iterator[None]:
     finally:
         with _GC_LOCK:
             _GC_PAUSES[0] -= 1
-            if _GC_PAUSES[0] == 0 and _GC_PAUSES[1]:
+            last = _GC_PAUSES[0] == 0 and bool(_GC_PAUSES[1])
+            if last:
                 gc.enable()
+        if last:
+            gc.collect(0)  # the cycles made since the last young collection, now rather than at a random allocation
+
+
+def gc_row_done() -> None:
+    """One row finished: while steps pause the collector (that was on), every :data:`GC_YOUNG_EVERY` rows a young
+    collection (the objects allocated since the last one), every :data:`GC_FULL_EVERY`-th of them a full one."""
+    with _GC_LOCK:
+        if _GC_PAUSES[0] == 0 or not _GC_PAUSES[1]:
+            return
+        _GC_PAUSES[2] += 1
+        due = _GC_PAUSES[2] >= GC_YOUNG_EVERY
+        if due:
+            _GC_PAUSES[2] = 0
+            _GC_PAUSES[3] += 1
+        full = due and _GC_PAUSES[3] % GC_FULL_EVERY == 0
+    if due:
+        gc.collect(2 if full else 0)
 
 
 def _routed(row: Mapping[str, Any], env: str) -> Mapping[str, Any]:

@@ -196,7 +196,9 @@ class GymRoutes:
         head_url = head_url.rstrip("/")
         config_payload = json.loads(_get(head_url, "/global_config_dict_yaml", timeout_s))
         # FastAPI wraps the YAML text in a JSON string; accept a plain mapping too.
-        global_config = yaml.safe_load(config_payload) if isinstance(config_payload, str) else config_payload
+        # libyaml's safe loader when PyYAML has it (same documents, ~10x less CPU than the pure-Python one).
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        global_config = yaml.load(config_payload, Loader=loader) if isinstance(config_payload, str) else config_payload
         instances = json.loads(_get(head_url, "/server_instances", timeout_s))
         if not isinstance(global_config, Mapping) or not isinstance(instances, list):
             raise GymServerError(f"head server {head_url}: unexpected /global_config_dict_yaml or /server_instances")

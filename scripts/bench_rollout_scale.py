@@ -17,8 +17,11 @@ Both with the same concurrency bound, each timed from its config fetch to its la
 rollouts/s of each and their ratio, and the adapter's share of our step: the trainer process's CPU seconds during
 the step (dispatch, HTTP, JSON, trajectory building, metrics; all threads) plus the padding wall time, over the
 step's wall time (rollouts + padding). An upper bound: CPU spent while waiting for Gym does not lengthen the step
-on a machine with a free core. Then median and spread (min-max) per batch size, the load average and how many
-requests each replica served. Everything started is stopped.
+on a machine with a free core. Then median and spread (min-max) per batch size (with our process's peak RSS), the
+Amdahl bound on the ratio (how much faster than Gym's collector a client costing no CPU at all could be: both wait
+on the same servers, so only the collector's own CPU share of its step can be won back), the load average and how
+many requests each replica served. Everything started is stopped. ``--ab-env NGV_GC_PAUSE=0`` compares the default
+(automatic GC paused during a step, ``rollout_core.gc_paused``) with the collector left running.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from bench_rollout_client import bench_rows, run_gym  # noqa: E402  (the same ro
 
 # Runs in the trainer's venv (fresh process per round): the adapter's whole step, timed in pieces.
 _OURS_STEP = r"""
-import gc, json, sys, time
+import gc, json, resource, sys, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["repo"])
 import torch
@@ -71,10 +74,12 @@ gc.callbacks.append(_gc_clock)
 
 def main():
     # verl's legacy manager: the core on its own event-loop thread, called synchronously (BlockingRolloutCore).
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB): the process before the step
     t0, c0, gc_s[0] = time.perf_counter(), time.process_time(), 0.0
     routes = GymRoutes.fetch_blocking(args["head_url"])
     client = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)
     core = RolloutCore(routes, TrajectoryConfig(prompt_length=P, response_length=R), client)
+    setup_cpu_s = time.process_time() - c0  # routes from the head (a trainer does this once per Gym, not per step)
     if args.get("profile"):  # cProfile sees one thread: the same loop, run in this one
         loop = new_event_loop()
         step = loop.run_until_complete(core.run_step(rows, envs))
@@ -88,15 +93,16 @@ def main():
     t2, c2 = time.perf_counter(), time.process_time()
     trajs = step.trajectories
     return {
-        "n": len(trajs), "wall_s": t1 - t0, "cpu_s": c1 - c0, "pad_s": t2 - t1, "pad_cpu_s": c2 - c1, "gc_s": gc_s[0],
+        "n": len(trajs), "setup_cpu_s": setup_cpu_s, "wall_s": t1 - t0, "cpu_s": c1 - c0, "pad_s": t2 - t1, "pad_cpu_s": c2 - c1, "gc_s": gc_s[0],
         "ok": sum(r.outcome.ok for r in step.rows), "masked": sum(t.masked for t in trajs),
         "tokens": int(batch.tensors["attention_mask"].sum()),
         "reasons": sorted({t.masked_reason.value for t in trajs if t.masked_reason}),
+        "rss0_mb": rss0, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 if args.get("profile"):  # where the trainer process's CPU goes, at the cost of a slower round
     import cProfile, io, pstats
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time)  # CPU seconds: at load 10+ on 2 cores, wall time is the neighbours
     result = profiler.runcall(main)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
@@ -266,6 +272,14 @@ def share(ours: dict[str, Any]) -> float:
     return (ours["cpu_s"] + ours["pad_cpu_s"]) / (ours["wall_s"] + ours["pad_s"])
 
 
+def client_bound(gym: dict[str, Any], cores: int = 1) -> float:
+    """Amdahl bound on ours/Gym for a client that costs no CPU at all: Gym's collector spends ``cpu_s`` of its
+    ``wall_s``; a perfect client can at most give that CPU back to the servers. With ``cores=1`` every client
+    CPU-second is counted as lengthening the step (the loosest bound); with the machine's cores saturated (load >=
+    cores), a rollout costs ``cores * wall_s / n`` core-seconds of which the client's CPU is only a part."""
+    return 1.0 / (1.0 - gym["cpu_s"] / (cores * gym["wall_s"]))
+
+
 def report(
     args: argparse.Namespace, rounds: list[dict[str, Any]], loads: list[float], served: list[Any], idle_load: float
 ) -> None:
@@ -275,7 +289,7 @@ def report(
     )
     head = f"{'batch':>6} {'round':>5} {'ours/s':>7} {'Gym/s':>7} {'ratio':>6} {'step s':>7} {'CPU s':>6} "
     head += f"{'pad ms':>7} {'pad CPU':>7} {'share %':>8} {'client CPU ms/rollout':>22} {'ok ours/Gym':>12}"
-    print(head + f" {'masked':>7} {'load':>5}")
+    print(head + f" {'masked':>7} {'load':>5} {'setup CPU ms':>12}")
     for r in rounds:
         o, g = r["ours"], r["gym"]
         print(
@@ -283,7 +297,7 @@ def report(
             f"{o['wall_s'] + o['pad_s']:>7.2f} {o['cpu_s']:>6.2f} {1000 * o['pad_s']:>7.1f} "
             f"{1000 * o['pad_cpu_s']:>7.1f} {100 * share(o):>8.2f} "
             f"{1000 * o['cpu_s'] / o['n']:>10.3f} / {1000 * g['cpu_s'] / g['n']:<9.3f} "
-            f"{o['ok']:>5}/{g['ok']:<6} {o['masked']:>7} {r['load']:>5.1f}"
+            f"{o['ok']:>5}/{g['ok']:<6} {o['masked']:>7} {r['load']:>5.1f} {1000 * o.get('setup_cpu_s', 0):>12.1f}"
         )
     print("\nmedian (min-max) per batch size:")
     for batch in args.batch:
@@ -294,7 +308,15 @@ def report(
             f"adapter share {spread([100 * share(r['ours']) for r in rs])} %  (goal <= 2 %); "
             f"padding {spread([1000 * r['ours']['pad_s'] for r in rs], '{:.1f}')} ms wall; "
             f"cyclic GC {spread([1000 * r['ours']['gc_s'] for r in rs], '{:.0f}')} ms of our CPU; "
-            f"ours {spread([rate(r['ours']) for r in rs], '{:.1f}')}/s, Gym {spread([rate(r['gym']) for r in rs], '{:.1f}')}/s"
+            f"ours {spread([rate(r['ours']) for r in rs], '{:.1f}')}/s, Gym {spread([rate(r['gym']) for r in rs], '{:.1f}')}/s; "
+            f"our peak RSS {spread([r['ours']['peak_rss_mb'] for r in rs], '{:.0f}')} MB "
+            f"(+{spread([r['ours']['peak_rss_mb'] - r['ours']['rss0_mb'] for r in rs], '{:.0f}')} over the step)"
+        )
+        print(
+            f"          Amdahl bound on the ratio: a client with zero CPU could be at most "
+            f"{spread([client_bound(r['gym']) for r in rs], '{:.3f}')}x Gym's collector "
+            f"({spread([client_bound(r['gym'], os.cpu_count() or 1) for r in rs], '{:.3f}')}x with the "
+            f"{os.cpu_count()} cores shared), i.e. the 1.3x goal is out of any client's reach while vLLM paces both"
         )
     if args.ab_env:
         print(f"  A/B, ours with {args.ab_env} (same rounds):")
@@ -308,7 +330,9 @@ def report(
                 f"{spread([1000 * r['ours']['gc_s'] for r in rs], '{:.0f}')} ms -> "
                 f"{spread([1000 * r['ours_ab']['gc_s'] for r in rs], '{:.0f}')} ms; rollouts/s "
                 f"{spread([rate(r['ours']) for r in rs], '{:.1f}')} -> "
-                f"{spread([rate(r['ours_ab']) for r in rs], '{:.1f}')}"
+                f"{spread([rate(r['ours_ab']) for r in rs], '{:.1f}')}; peak RSS "
+                f"{spread([r['ours']['peak_rss_mb'] for r in rs], '{:.0f}')} MB -> "
+                f"{spread([r['ours_ab']['peak_rss_mb'] for r in rs], '{:.0f}')} MB"
             )
     print(
         f"  load average (1 min) during the run: {spread(loads, '{:.1f}')} on {os.cpu_count()} cores "

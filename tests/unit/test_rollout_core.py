@@ -106,26 +106,93 @@ def test_blocking_core_from_sync_code_with_a_sync_callback(fake_server):
     assert sorted(seen) == [0, 1] and len(step.rows) == 2 and again.rows[0].outcome.result is not None
 
 
-async def test_opt_in_gc_pause_while_results_arrive_is_restored_after(fake_server, monkeypatch):
+async def test_gc_is_paused_while_results_arrive_by_default_opt_out_and_restored_after(fake_server, monkeypatch):
     import gc
 
     from nemo_gym_adapter.rollout_core import GC_PAUSE_ENV
 
+    monkeypatch.delenv(GC_PAUSE_ENV, raising=False)
     seen: list[bool] = []
     async with core_for(fake_server) as core:
         await core.run_step([gym_row(0)], ["agent_a"], on_row=lambda r: seen.append(gc.isenabled()))
-        monkeypatch.setenv(GC_PAUSE_ENV, "1")
+        monkeypatch.setenv(GC_PAUSE_ENV, "0")  # the opt-out: automatic collection as usual
         await core.run_step(
             [gym_row(i) for i in range(2)], ["agent_a"] * 2, on_row=lambda r: seen.append(gc.isenabled())
         )
-        assert seen == [True, False, False] and gc.isenabled()
+        assert seen == [False, True, True] and gc.isenabled()
+        monkeypatch.delenv(GC_PAUSE_ENV)
 
         def boom(row: RowResult) -> None:
+            assert not gc.isenabled()
             raise RuntimeError("boom")
 
         with pytest.raises(RowCallbackError):
             await core.run_step([gym_row(0)], ["agent_a"], on_row=boom)
     assert gc.isenabled()  # restored on the error path too
+
+
+async def test_gc_pause_frees_cycles_every_n_rows_and_after_the_step(fake_server, monkeypatch):
+    import gc
+    import weakref
+
+    from nemo_gym_adapter import rollout_core
+
+    monkeypatch.delenv(rollout_core.GC_PAUSE_ENV, raising=False)
+    monkeypatch.setattr(rollout_core, "GC_YOUNG_EVERY", 2)
+    young: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            young.append(info["generation"])
+
+    class Node:
+        pass
+
+    cycles: list[weakref.ref] = []
+
+    def make_cycle(row: RowResult) -> None:  # garbage only the cyclic collector can free
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # type: ignore[attr-defined]
+        cycles.append(weakref.ref(a))
+        alive.append(sum(ref() is not None for ref in cycles))
+
+    alive: list[int] = []
+    gc.callbacks.append(count)
+    try:
+        async with core_for(fake_server) as core:
+            await core.run_step([gym_row(i) for i in range(5)], ["agent_a"] * 5, on_row=make_cycle)
+    finally:
+        gc.callbacks.remove(count)
+    # The callback runs after the row was counted: rows 2 and 4 were preceded by a young collection, which freed
+    # the cycles made before it; the last cycle is freed by the collection that ends the step.
+    assert alive == [1, 1, 2, 1, 2], alive
+    assert young and set(young) == {0}, young  # only young collections, never a full pass, during the step
+    assert all(ref() is None for ref in cycles) and gc.isenabled()
+
+
+def test_gc_pause_that_never_ends_still_runs_a_full_collection_now_and_then(monkeypatch):
+    import gc
+
+    from nemo_gym_adapter import rollout_core
+
+    monkeypatch.setattr(rollout_core, "GC_YOUNG_EVERY", 2)
+    monkeypatch.setattr(rollout_core, "GC_FULL_EVERY", 3)
+    generations: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        with rollout_core.gc_paused():  # overlapping steps: the pause lasts for all their rows
+            for _ in range(12):
+                rollout_core.gc_row_done()
+            during = list(generations)
+    finally:
+        gc.callbacks.remove(count)
+    assert during == [0, 0, 2, 0, 0, 2], during  # a young collection every 2 rows, every 3rd of them full
+    assert generations[len(during) :] == [0] and gc.isenabled()  # and the young one that ends the pause
 
 
 def test_gc_pause_nests_and_leaves_a_disabled_collector_disabled():
