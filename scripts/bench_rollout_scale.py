@@ -13,7 +13,8 @@ size and round, alternating who goes first, sends the same rows through
   trajectory as it arrives, metrics), then :func:`pad_trajectories` (verl's batch);
 * Gym's: ``RolloutCollectionHelper.run_examples`` in Gym's venv (``scripts/bench_rollout_client.py``'s snippet).
 
-Both with the same concurrency bound, each timed from its config fetch to its last result. Printed per round:
+Both with the same concurrency bound, each timed from its config fetch to its last result (``--warmup N``: ours from
+the start of a second step, after an untimed one of N rows in the same process, a trainer's steady state). Printed per round:
 rollouts/s of each and their ratio, and the adapter's share of our step: the trainer process's CPU seconds during
 the step (dispatch, HTTP, JSON, trajectory building, metrics; all threads) plus the padding wall time, over the
 step's wall time (rollouts + padding). An upper bound: CPU spent while waiting for Gym does not lengthen the step
@@ -75,22 +76,37 @@ gc.callbacks.append(_gc_clock)
 def main():
     # verl's legacy manager: the core on its own event-loop thread, called synchronously (BlockingRolloutCore).
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB): the process before the step
-    t0, c0, gc_s[0] = time.perf_counter(), time.process_time(), 0.0
+    c0 = time.process_time()
     routes = GymRoutes.fetch_blocking(args["head_url"])
     client = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)
     core = RolloutCore(routes, TrajectoryConfig(prompt_length=P, response_length=R), client)
     setup_cpu_s = time.process_time() - c0  # routes from the head (a trainer does this once per Gym, not per step)
+    warm = min(args["warmup"], len(rows))
     if args.get("profile"):  # cProfile sees one thread: the same loop, run in this one
         loop = new_event_loop()
-        step = loop.run_until_complete(core.run_step(rows, envs))
-        loop.run_until_complete(core.aclose())
-        loop.close()
+
+        def run(rs, es):
+            return loop.run_until_complete(core.run_step(rs, es))
     else:
-        with BlockingRolloutCore(core) as runner:
-            step = runner.run_step(rows, envs)
+        runner = BlockingRolloutCore(core).__enter__()
+        run = runner.run_step
+    if warm:
+        # A trainer's step 2..N: the core, its connection pool and the allocator's arenas already exist. One untimed
+        # step of `warm` rows opens the pool; padding the same shapes once warms the arrays (a fresh process pays
+        # transparent-huge-page faults on first use, ~50-150 ms at 1024 x 2k, once per process, not per step).
+        first = run(rows[:warm], envs[:warm]).trajectories
+        pad_trajectories((first * (len(rows) // len(first) + 1))[: len(rows)], prompt_length=P, response_length=R, pad_token_id=0)
+        del first
+    t0, c0, gc_s[0] = time.perf_counter(), time.process_time(), 0.0
+    step = run(rows, envs)
     t1, c1 = time.perf_counter(), time.process_time()
     batch = pad_trajectories(step.trajectories, prompt_length=P, response_length=R, pad_token_id=0)
     t2, c2 = time.perf_counter(), time.process_time()
+    if args.get("profile"):
+        loop.run_until_complete(core.aclose())
+        loop.close()
+    else:
+        runner.__exit__(None, None, None)
     trajs = step.trajectories
     return {
         "n": len(trajs), "setup_cpu_s": setup_cpu_s, "wall_s": t1 - t0, "cpu_s": c1 - c0, "pad_s": t2 - t1, "pad_cpu_s": c2 - c1, "gc_s": gc_s[0],
@@ -124,6 +140,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-length", type=int, default=1024)
     p.add_argument("--response-length", type=int, default=1024)
     p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="rows of an untimed step before the timed one, in the same process and core (a trainer's step 2..N); "
+        "0 (default): a cold first step (fresh process, new connection pool), like Gym's collector in its own fresh "
+        "process: only then is the rollouts/s ratio a fair comparison; with a warm-up read the adapter share",
+    )
     p.add_argument("--omp-threads", default="1", help="OMP_NUM_THREADS per replica (default 1: N replicas, 2 cores)")
     p.add_argument("--json", action="store_true", help="also print every number as one JSON line")
     p.add_argument("--profile", action="store_true", help="after the rounds, one profiled round of ours (stderr)")
@@ -179,7 +203,7 @@ def run_ours(
     payload = {"repo": str(REPO_ROOT), "head_url": head_url, "rows": str(rows_path), "timeout": args.timeout}
     payload |= {"profile": profile}
     payload |= {"concurrency": args.concurrency, "prompt_length": args.prompt_length}
-    payload |= {"response_length": args.response_length}
+    payload |= {"response_length": args.response_length, "warmup": args.warmup}
     env = dict(os.environ)
     if ab:
         name, _, value = args.ab_env.partition("=")
@@ -287,6 +311,11 @@ def report(
         f"\n{args.replicas} vLLM-cpu replicas (tiny qwen25, max_output_tokens {args.max_output_tokens}), {args.env}, "
         f"concurrency {args.concurrency}; rollouts/s ours (RolloutCore + padding) vs Gym's RolloutCollectionHelper"
     )
+    if args.warmup:
+        print(
+            f"ours timed after an untimed warm-up step of {args.warmup} rows in the same process (a trainer's step "
+            "2..N); Gym's collector runs cold in a fresh process: read the adapter share, not the ratio"
+        )
     head = f"{'batch':>6} {'round':>5} {'ours/s':>7} {'Gym/s':>7} {'ratio':>6} {'step s':>7} {'CPU s':>6} "
     head += f"{'pad ms':>7} {'pad CPU':>7} {'share %':>8} {'client CPU ms/rollout':>22} {'ok ours/Gym':>12}"
     print(head + f" {'masked':>7} {'load':>5} {'setup CPU ms':>12}")
