@@ -13,7 +13,9 @@ completion becomes a 503 whose message starts with :data:`ABORT_MARKER`. Gym's m
 ``RATE_LIMIT_ERROR_CODES``; ``MAX_NUM_TRIES`` = 3 attempts, 0.5 s apart): the retry is accepted by the paused engine
 and waits there until ``resume_generation``, so the turn is regenerated from its start on the new weights. If Gym
 gives up, the row's ``/run`` fails and the trajectory is masked ``aborted``
-(:data:`nemo_gym_adapter.trajectory.MaskReason.ABORTED`, counted in ``gym/*/masked_rate/aborted``).
+(:data:`nemo_gym_adapter.trajectory.MaskReason.ABORTED`, counted in ``gym/*/masked_rate/aborted``). Every 503
+is counted in the serving process (:func:`aborted_total`; the managers log the sum over verl's server actors as
+``gym/engine/aborted_turns_total``, read with ``vllm_patch.aborted_turns``).
 
 Only the non-streaming chat path (what Gym's ``vllm_model`` calls) is guarded; the same method in vLLM 0.24 and 0.31.
 """
@@ -35,6 +37,12 @@ ABORT_GUARD_TARGET = (
     "OpenAIServingChat.chat_completion_full_generator",
 )
 GUARD_SENTINEL = "__ngv_abort_guard__"
+_COUNTS = {"aborted": 0}  # aborted completions answered 503 in this process (read through Ray: aborted_total)
+
+
+def aborted_total() -> int:
+    """How many aborted chat completions the guard turned into 503s in this process since it started."""
+    return _COUNTS["aborted"]
 
 
 class _Watch:
@@ -61,6 +69,7 @@ def make_abort_guard(original: Any) -> Any:
         watch = _Watch(result_generator)
         response = await original(self, request, watch.outputs(), *args, **kw)
         if watch.aborted and getattr(response, "choices", None) is not None:
+            _COUNTS["aborted"] += 1
             return self.create_error_response(
                 ABORT_MESSAGE, err_type="ServiceUnavailableError", status_code=HTTPStatus.SERVICE_UNAVAILABLE
             )

@@ -136,6 +136,25 @@ def apply_patch_to_actors(
     return reports
 
 
+def _aborted_inside_actor(actor_self: Any) -> int:
+    from nemo_gym_adapter.vllm_abort import aborted_total
+
+    return aborted_total()
+
+
+def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> int | None:
+    """Sum over the server actors of the chat completions the abort guard answered 503 (``vllm_abort``); None
+    (logged) when any actor does not answer: a metric, never a failed step."""
+    import ray
+
+    try:
+        refs = [h.__ray_call__.remote(_aborted_inside_actor) for h in actor_handles.values()]
+        return int(sum(ray.get(refs, timeout=timeout)))
+    except Exception as e:  # a metric read must not fail a step
+        logger.warning("abort count from the vLLM server actors %s failed: %r", list(actor_handles), e)
+        return None
+
+
 def find_vllm_server_actors(prefix: str = "vllm_server_", all_namespaces: bool = False) -> dict[str, Any]:
     """verl's rollout server actors by name: ``{prefix}{replica}_{node}[_{suffix}]`` (and PD ``decode_`` servers).
 

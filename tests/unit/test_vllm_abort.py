@@ -152,3 +152,31 @@ def test_a_run_that_failed_on_an_abort_is_masked_aborted_and_counted():
     metrics = compute_metrics([aborted, other, down])
     assert metrics["gym/all/masked_rate/aborted"] == pytest.approx(1 / 3)
     assert metrics["gym/env_a/masked_rate/aborted"] == pytest.approx(1 / 3)
+
+
+def test_each_503_is_counted_and_the_managers_read_the_sum_over_the_server_actors(monkeypatch, guarded_chat):
+    from nemo_gym_adapter import vllm_patch
+
+    monkeypatch.setitem(vllm_abort._COUNTS, "aborted", 0)
+    _run(guarded_chat, "abort")
+    _run(guarded_chat, "stop")
+    _run(guarded_chat, None, "abort")
+    assert vllm_abort.aborted_total() == 2
+
+    class FakeRayActor:
+        """``__ray_call__.remote(fn)`` runs ``fn`` on an actor object here, as Ray runs it inside the actor."""
+
+        def __init__(self, fail: bool = False) -> None:
+            def remote(fn):
+                if fail:
+                    raise RuntimeError("actor died")
+                return lambda: fn(object())
+
+            self.__ray_call__ = types.SimpleNamespace(remote=remote)
+
+    fake_ray = types.ModuleType("ray")
+    fake_ray.get = lambda refs, timeout=None: [ref() for ref in refs]
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    actors = {"vllm_server_0_0": FakeRayActor(), "vllm_server_1_0": FakeRayActor()}
+    assert vllm_patch.aborted_turns(actors) == 4  # each actor process has its own count (here both read this one)
+    assert vllm_patch.aborted_turns({**actors, "vllm_server_2_0": FakeRayActor(fail=True)}) is None
