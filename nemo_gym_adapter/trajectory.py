@@ -15,7 +15,7 @@ One row (:func:`build_trajectory`): the model calls of ``response.output`` (item
 Masked samples (never dropped; reward 0; ``masked_reason`` says why; see :class:`MaskReason`): Gym's
 ``mask_sample``; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
 ``mask_sample`` and e.g. ``nemo_user_sim`` names a kind on valid zero-reward samples); client failures (timeout,
-request failed, unroutable, server down); unparseable results; context overflow (a model call without ids plus
+request failed, unroutable, server down, aborted: a vLLM abort Gym could not retry, see ``vllm_abort``); unparseable results; context overflow (a model call without ids plus
 ``incomplete_details``); model calls without ids; no model call; non-contiguous history (``contiguity="mask"``;
 ``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
 :class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
@@ -41,6 +41,7 @@ import numpy as np
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
 from nemo_gym_adapter.model_calls import calls_without_ids, contiguous_prefix
+from nemo_gym_adapter.vllm_abort import ABORT_MARKER
 from nemo_gym_adapter.wire import GymRunResult, parse_run_result
 
 ContiguityPolicy = Literal["mask", "truncate", "raise"]
@@ -55,6 +56,7 @@ class MaskReason(str, enum.Enum):
     REQUEST_FAILED = "request_failed"  # connection error, HTTP error answer, undecodable body, client error
     UNROUTABLE = "unroutable"  # the row names no agent the running Gym serves
     SERVER_DOWN = "server_down"  # a server the row needs (agent, resources, model, vLLM replica) was dead
+    ABORTED = "aborted"  # vLLM aborted a model call (weight sync) and Gym's retries of it failed too (vllm_abort)
     INVALID_RESULT = "invalid_result"  # /run answered with something that is not a valid result
     CONTEXT_OVERFLOW = "context_overflow"  # vLLM refused the prompt: a call without ids + incomplete_details
     MISSING_TOKEN_IDS = "missing_token_ids"  # a model call without ids (model server not in training mode?)
@@ -210,6 +212,8 @@ def failed_trajectory(
 ) -> Trajectory:
     """The masked trajectory of a row the rollout client could not get a result for."""
     reason = _CLIENT_REASONS.get(failure.reason, MaskReason.REQUEST_FAILED)
+    if reason is MaskReason.REQUEST_FAILED and ABORT_MARKER in failure.detail:
+        reason = MaskReason.ABORTED
     return Trajectory(
         env_name=env_name,
         masked_reason=reason,

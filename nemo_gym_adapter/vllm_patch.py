@@ -3,6 +3,7 @@
 * :func:`apply_patch`: in this process (``nemo_gym_adapter.vllm_server`` does it before vLLM's server starts). It
   picks the hook of the installed vLLM version (``vllm_hooks.HOOK_TARGETS``), raises ``SetupError`` for an
   unsupported version or a missing hook, wraps it once (a second call reports ``already_patched``) and logs it.
+  It also installs the abort guard (:mod:`nemo_gym_adapter.vllm_abort`: an aborted completion answers 503).
 * :func:`apply_patch_to_actors`: inside verl's live rollout server actors (``vllm_server_{replica}_{node}``, found by
   :func:`find_vllm_server_actors`) through ``actor.__ray_call__``; one :class:`PatchReport` per actor, or a
   ``ServerError`` naming the actor that failed or did not answer.
@@ -22,6 +23,7 @@ from typing import Any
 
 from nemo_gym_adapter.errors import ServerError, SetupError
 from nemo_gym_adapter.splice import ASSISTANT_EDITS
+from nemo_gym_adapter.vllm_abort import install_abort_guard
 from nemo_gym_adapter.vllm_hooks import OPTIONS, SENTINEL, hook_target_for, make_harmony_guard, make_wrapper
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,9 @@ def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
             # Harmony (GPT-OSS) requests bypass the hook in this method: ids on them are refused, not ignored.
             setattr(cls, target.guard, make_harmony_guard(guarded))
         OPTIONS["assistant_edits"] = assistant_edits
+        # An aborted chat completion (weight sync in verl's async trainers) answers 503, not a cut "success".
+        if not install_abort_guard():
+            logger.info("nemo-gym-verl abort guard installed on vLLM's chat full generator (vLLM %s)", version)
     return PatchReport(version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits)
 
 
@@ -129,6 +134,25 @@ def apply_patch_to_actors(
         except Exception as e:  # RayTaskError wraps the actor-side error (e.g. SetupError for a wrong vLLM)
             raise ServerError(f"vLLM token-ID patch failed in actor {label}: {e}") from e
     return reports
+
+
+def _aborted_inside_actor(actor_self: Any) -> int:
+    from nemo_gym_adapter.vllm_abort import aborted_total
+
+    return aborted_total()
+
+
+def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> int | None:
+    """Sum over the server actors of the chat completions the abort guard answered 503 (``vllm_abort``); None
+    (logged) when any actor does not answer: a metric, never a failed step."""
+    import ray
+
+    try:
+        refs = [h.__ray_call__.remote(_aborted_inside_actor) for h in actor_handles.values()]
+        return int(sum(ray.get(refs, timeout=timeout)))
+    except Exception as e:  # a metric read must not fail a step
+        logger.warning("abort count from the vLLM server actors %s failed: %r", list(actor_handles), e)
+        return None
 
 
 def find_vllm_server_actors(prefix: str = "vllm_server_", all_namespaces: bool = False) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from nemo_gym_adapter.rollout_client import RolloutClientConfig
 from nemo_gym_adapter.rollout_core import RolloutCore, RowResult
 from nemo_gym_adapter.trajectory import TrajectoryConfig
 from nemo_gym_adapter.validation import ValidationPass
-from nemo_gym_adapter.vllm_patch import PatchReport, apply_patch_to_actors, find_vllm_server_actors
+from nemo_gym_adapter.vllm_patch import PatchReport, aborted_turns, apply_patch_to_actors, find_vllm_server_actors
 
 logger = logging.getLogger(__name__)
 
@@ -216,11 +216,19 @@ class GymManagerBase:
     def engine_probe_metrics(self) -> dict[str, float]:
         """``gym/engine/probe_logprob_mean``: the first replica's mean log-probability of :data:`policy.PROBE_TEXT`
         with the weights it serves now (``policy.probe_logprob``); it moves only when a weight sync reached vLLM.
-        Empty when it cannot be read (a failed probe never fails a step)."""
+        ``gym/engine/aborted_turns_total`` (patched replicas): model calls vLLM aborted and the abort guard sent back
+        to Gym for a retry (``vllm_abort``; cumulative). Each key is left out when it cannot be read (a failed read
+        never fails a step)."""
         if not self.replicas or self.served_model_name is None:
             return {}
         probe = probe_logprob(next(iter(self.replicas)), self.served_model_name, self.probe_ids)
-        return {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
+        metrics = {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
+        if self.recipe.gym.patch_vllm and self.replica_handles:
+            # Chat completions vLLM aborted (async weight syncs) that the guard sent back to Gym for a retry.
+            aborted = aborted_turns(self.replica_handles)
+            if aborted is not None:
+                metrics["gym/engine/aborted_turns_total"] = float(aborted)
+        return metrics
 
     def shutdown(self) -> None:
         """Undo start-up (rollout client closed, Gym stopped if we started it). Idempotent; never raises for

@@ -127,7 +127,19 @@ def test_colocated_async_mode_overlaps_rollouts_with_training_and_tags_weight_ve
         if "gym/all/masked_rate" in m:  # rollouts finished during this step (async: not every step)
             _masked_counts_add_up(m)
     assert stale[0] == 0 and max(stale) >= 1, f"staleness per step: {stale}"
-    print(f"colocate_async: {wall:.0f}s wall; staleness max per step {stale}")
+    # Model calls vLLM aborted at a weight sync and the abort guard sent back to Gym for a retry (vllm_abort):
+    # read from the server actors, cumulative. With one-letter replies few or none are in flight at an abort.
+    aborted = [
+        steps[s]["gym/engine/aborted_turns_total"]
+        for s in sorted(steps)
+        if "gym/engine/aborted_turns_total" in steps[s]
+    ]
+    assert aborted and aborted == sorted(aborted), f"aborted turns per step: {aborted}"
+    masked_aborted = sum(m.get("gym/all/masked_rate/aborted", 0.0) for m in steps.values())
+    print(
+        f"colocate_async: {wall:.0f}s wall; staleness max per step {stale}; aborted turns (cumulative) {aborted}; "
+        f"masked 'aborted' rate summed over steps {masked_aborted}"
+    )
     assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"

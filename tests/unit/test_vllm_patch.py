@@ -19,8 +19,10 @@ from pydantic import BaseModel, ConfigDict
 
 from nemo_gym_adapter import vllm_hooks, vllm_patch, vllm_prefix_render
 from nemo_gym_adapter.errors import ServerError, SetupError, TokenAlignmentError
+from nemo_gym_adapter.vllm_abort import ABORT_GUARD_TARGET
 from nemo_gym_adapter.vllm_hooks import ContextLengthExceeded, clamp_output_budget, find_anchor, hook_target_for
 from tests.support.conversations import piecewise
+from tests.unit.test_vllm_abort import FakeOpenAIServingChat
 
 MAX_MODEL_LEN = 512
 
@@ -157,11 +159,14 @@ def _fake_vllm(version: str, *, with_hook: bool = True) -> dict[str, types.Modul
         online.OnlineRenderer = type("OnlineRenderer", (), {})
     exceptions = types.ModuleType("vllm.exceptions")
     exceptions.VLLMValidationError = FakeVLLMValidationError
+    chat = types.ModuleType(ABORT_GUARD_TARGET[0])  # where apply_patch installs the abort guard (test_vllm_abort)
+    chat.OpenAIServingChat = type("OpenAIServingChat", (FakeOpenAIServingChat,), {})
     return {
         "vllm": root,
         "vllm.renderers.online_renderer": online,
         "vllm.entrypoints.serve.render.serving": serving,
         "vllm.exceptions": exceptions,
+        ABORT_GUARD_TARGET[0]: chat,
     }
 
 
@@ -234,6 +239,9 @@ def test_apply_patch_installs_once_and_reports_already_patched(fake_vllm):
     assert first.vllm_version == "0.31.0"
     assert cls.__dict__["preprocess_chat"] is installed  # not wrapped twice
     assert vllm_patch.is_patched()
+    from nemo_gym_adapter import vllm_abort
+
+    assert vllm_abort.is_guarded()  # the abort guard comes with the patch
 
 
 async def test_harmony_request_with_ids_is_a_400_not_silently_unspliced(patched_renderer, qwen_tokenizer):
