@@ -30,12 +30,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
       liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
 
-Resolvers for the shipped configs (:func:`register_resolvers`; registered by ``recipe.nemo_gym.main``):
-``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
-installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
-``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use) and ``${ngv_manager:<use_v1>}``
-→ the rollout manager for verl's trainer (:data:`MANAGER_CLASS_V1` for the v1 trainer, :data:`MANAGER_CLASS` for the
-legacy one), so ``trainer.use_v1`` alone switches paths.
+The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`nemo_gym_adapter.config_resolvers`;
+``${ngv_manager:<use_v1>}`` picks :data:`MANAGER_CLASS_V1` or :data:`MANAGER_CLASS`, the managers checked here.
 """
 
 from __future__ import annotations
@@ -365,55 +361,3 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         model_path=str(model_path),
         **sampling,
     )
-
-
-# ---------------------------------------------------------------------------------------------------- resolvers
-
-
-def gym_example_path(env: str, gym_venv: str | None = None) -> str:
-    """``<Gym install>/resources_servers/<env>/data/example.jsonl`` (raises ``AdapterConfigError`` if absent)."""
-    from nemo_gym_adapter import paths
-    from nemo_gym_adapter.gym_launch import gym_package_root
-
-    root = gym_package_root(Path(gym_venv) if gym_venv else paths.gym_venv())
-    path = root / "resources_servers" / env / "data" / "example.jsonl"
-    if not path.is_file():
-        known = sorted(p.parent.parent.name for p in (root / "resources_servers").glob("*/data/example.jsonl"))
-        raise AdapterConfigError(f"${{ngv_gym_example:{env}}}: Gym has no {path}; environments with examples: {known}")
-    return str(path)
-
-
-def configs_path(relative: str) -> str:
-    """A file shipped in the checkout's ``configs/`` directory, as an absolute path (hydra keeps the user's cwd)."""
-    from nemo_gym_adapter import paths
-
-    path = paths.REPO_ROOT / "configs" / relative
-    if not path.exists():
-        raise AdapterConfigError(f"${{ngv_configs:{relative}}}: {path} does not exist")
-    return str(path)
-
-
-def _tiny_model(family: str) -> str:
-    from nemo_gym_adapter.demo_models import build_tiny_model
-
-    return str(build_tiny_model(family))
-
-
-def manager_class(use_v1: Any) -> str:
-    """The rollout manager for ``trainer.use_v1`` (``${ngv_manager:${trainer.use_v1}}``)."""
-    return MANAGER_CLASS if use_v1 is False or str(use_v1).lower() == "false" else MANAGER_CLASS_V1
-
-
-def register_resolvers() -> None:
-    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_tiny_model`` and ``ngv_manager`` with OmegaConf
-    (idempotent)."""
-    from omegaconf import OmegaConf
-
-    for name, fn in (
-        ("ngv_manager", manager_class),
-        ("ngv_gym_example", gym_example_path),
-        ("ngv_configs", configs_path),
-        ("ngv_tiny_model", _tiny_model),
-    ):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, fn, use_cache=True)

@@ -46,10 +46,6 @@ from typing import Any
 from nemo_gym_adapter import dataset_store
 from nemo_gym_adapter.dataset_store import StoredRows
 from nemo_gym_adapter.errors import DatasetError
-
-# GymRow is re-exported only for scripts/bench_dataset.py (edited on another branch while this moved); new code
-# imports it from gym_rows.
-from nemo_gym_adapter.gym_rows import GymRow as GymRow
 from nemo_gym_adapter.gym_rows import GymRows, raw_prompt, validate_row
 from nemo_gym_adapter.jsonl import json_error_message, read_lines
 from nemo_gym_adapter.routing import env_name_of

@@ -70,10 +70,6 @@ from nemo_gym_adapter.history_check import (
 )
 from nemo_gym_adapter.turn_template import TurnTemplate
 
-# Re-exported only for scripts/bench_patch.py (edited on another branch while this moved); new code imports it from
-# turn_template.
-from nemo_gym_adapter.turn_template import turn_template_from_tokenizer as turn_template_from_tokenizer
-
 # Keys NeMo Gym's vllm_model (return_token_id_information: true) puts on each assistant message it sends back.
 PROMPT_IDS_KEY = "prompt_token_ids"
 GENERATION_IDS_KEY = "generation_token_ids"

@@ -156,7 +156,7 @@ def _peak_rss() -> int:
 
 def load_before(path: str) -> list:
     """The loader of commit 2c066bc: every row parsed, validated and kept as a GymRow (Python objects)."""
-    from nemo_gym_adapter.dataset import GymRow, validate_row
+    from nemo_gym_adapter.gym_rows import GymRow, validate_row
 
     rows = []
     with open(path, "rb") as f:

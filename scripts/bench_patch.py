@@ -38,7 +38,8 @@ def conversation(tok, family: str, turns: int, target_tokens: int) -> list[dict]
     """
     import random
 
-    from nemo_gym_adapter.splice import last_tokenized_assistant, splice_prompt, turn_template_from_tokenizer
+    from nemo_gym_adapter.splice import last_tokenized_assistant, splice_prompt
+    from nemo_gym_adapter.turn_template import turn_template_from_tokenizer
 
     def render(msgs: list[dict], add_generation_prompt: bool) -> list[int]:
         text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt)

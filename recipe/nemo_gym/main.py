@@ -10,7 +10,8 @@ can be overridden as usual. The run, in order:
 1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``), before any heavy
    import: a config error answers in about a second, naming the dotted key, the bad value and the fix (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
-   where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``) are registered;
+   where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``nemo_gym_adapter.config_resolvers``)
+   are registered;
 3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
    the default: verl's TransferQueue trainer, manager ``recipe.nemo_gym.agent_loop_tq``) or
    :data:`recipe.nemo_gym.task_runner.NemoGymTaskRunner` (``trainer.use_v1=False``: the legacy trainer, manager
@@ -36,7 +37,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_gym_adapter import gym_ray, paths
-from nemo_gym_adapter.config import load_config, register_resolvers
+from nemo_gym_adapter.config import load_config
+from nemo_gym_adapter.config_resolvers import register_resolvers
 from nemo_gym_adapter.errors import AdapterConfigError
 
 logger = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ BIAS_TOL = 3e-7  # |mean Δ|: a one-signed offset is a normalisation difference,
 def _compose(train_file: str):
     from hydra import compose, initialize_config_dir
 
-    from nemo_gym_adapter.config import register_resolvers
+    from nemo_gym_adapter.config_resolvers import register_resolvers
     from recipe.nemo_gym.main import CONFIG_DIR, with_verl_searchpath
 
     register_resolvers()

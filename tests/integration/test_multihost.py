@@ -42,7 +42,7 @@ def _compose(train_file: str, **extra: str):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from nemo_gym_adapter.config import register_resolvers
+    from nemo_gym_adapter.config_resolvers import register_resolvers
     from recipe.nemo_gym.main import CONFIG_DIR, with_verl_searchpath
 
     register_resolvers()

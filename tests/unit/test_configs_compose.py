@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config, register_resolvers
+from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
+from nemo_gym_adapter.config_resolvers import register_resolvers
 from recipe.nemo_gym.main import CONFIG_DIR, verl_config_dir, with_verl_searchpath
 
 PRIMARY_CONFIGS = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
