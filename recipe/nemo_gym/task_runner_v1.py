@@ -149,6 +149,22 @@ def replay_poll_interval(config: Any) -> float:
     return float(value)
 
 
+def warn_unguarded_aborts(config: Any) -> bool:
+    """Warn (and return True) when an async mode runs without the token-ID patch: verl aborts in-flight generations at
+    each weight sync, and only the patch's abort guard (``nemo_gym_adapter.vllm_abort``) turns vLLM's cut 200 answer
+    into a 503 that Gym retries; without it an aborted turn reaches Gym as a finished one and is trained as a stop."""
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
+    if mode == "sync" or OmegaConf.select(config, "nemo_gym.patch_vllm", default=True):
+        return False
+    logger.warning(
+        "trainer.v1.trainer_mode=%s with nemo_gym.patch_vllm=false: generations verl aborts at a weight sync are not "
+        "detected (the abort guard comes with the patch) and are trained as if the model had stopped; "
+        "set nemo_gym.patch_vllm=true or trainer.v1.trainer_mode=sync",
+        mode,
+    )
+    return True
+
+
 def forbid_ray_auto_init() -> None:
     """No implicit ``ray.init()`` in this process (Ray's ``RAY_ENABLE_AUTO_CONNECT=0``, which Ray reads only when it
     is imported, hence the module flag), and a late call says who made it.
@@ -220,6 +236,7 @@ class NemoGymTaskRunnerV1Impl:
             f"NeMo Gym TaskRunner (v1, {config.trainer.v1.trainer_mode}) on {socket.gethostname()}, pid {os.getpid()}"
         )
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
+        warn_unguarded_aborts(config)
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)
         self.config = config

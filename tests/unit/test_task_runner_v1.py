@@ -208,3 +208,21 @@ def test_a_ray_call_without_ray_is_refused_and_names_its_thread_instead_of_start
     assert os.environ["RAY_ENABLE_AUTO_CONNECT"] == "0"
     err = capfd.readouterr().err
     assert "Ray call after Ray shut down, refused" in err and "MainThread" in err, err
+
+
+@pytest.mark.parametrize(
+    ("mode", "patch", "warned"),
+    [
+        ("colocate_async", False, True),
+        ("separate_async", False, True),
+        ("colocate_async", True, False),
+        ("sync", False, False),
+    ],
+)
+def test_an_async_mode_without_the_patch_warns_that_aborted_turns_go_undetected(mode, patch, warned, caplog):
+    from recipe.nemo_gym.task_runner_v1 import warn_unguarded_aborts
+
+    config = OmegaConf.create({"trainer": {"v1": {"trainer_mode": mode}}, "nemo_gym": {"patch_vllm": patch}})
+    with caplog.at_level("WARNING", logger="recipe.nemo_gym.task_runner_v1"):
+        assert warn_unguarded_aborts(config) is warned
+    assert ("nemo_gym.patch_vllm=false" in caplog.text) is warned
