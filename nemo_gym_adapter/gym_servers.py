@@ -331,15 +331,14 @@ class GymServers(GymHead):
         if float(spec.config_overrides.get("model_endpoint_readiness_timeout_seconds", 1)) <= 0:
             return False
         try:
+            # Read (once, cached) while the servers still start, not after the last one answers: parsing Gym's
+            # config is ~0.1 s that would otherwise sit at the end of the critical path.
+            endpoints = model_endpoints(self.global_config())
             instances = self.server_instances()
         except (OSError, GymServerError):
             return False
         # Gym publishes the instance list once every server process is spawned; before that it is empty.
         if not instances or any(not _answers(inst.url) for inst in instances.values()):
-            return False
-        try:
-            endpoints = model_endpoints(self.global_config())
-        except (OSError, GymServerError):
             return False
         return bool(endpoints) and all(_answers(_probe_url(url)) for url in endpoints)
 

@@ -121,6 +121,22 @@ def test_ready_when_every_server_and_model_answers_before_gyms_own_flag(fake_gym
         models.shutdown()
 
 
+def test_gyms_config_is_read_while_servers_still_start_not_after_the_last_answers(monkeypatch):
+    """The model endpoints come from Gym's config (parsed once, cached): read on the first check after the head
+    answers, so the check run when the last server comes up is only the HTTP probes."""
+    from nemo_gym_adapter import gym_servers as gs
+
+    gym = GymServers("http://127.0.0.1:9")
+    reads: list[str] = []
+    monkeypatch.setattr(gs, "_http", lambda url, timeout=5.0: (503, b"{}"))  # head up, its own flag not set
+    monkeypatch.setattr(gym, "global_config", lambda refresh=False: reads.append("config") or {})
+    inst = gs.GymServerInstance(process_name="a", server_type="t", name="n", host="h", port=1, url="http://h:1")
+    monkeypatch.setattr(gym, "server_instances", lambda: {"a": inst})
+    monkeypatch.setattr(gs, "_answers", lambda url: False)  # no server answers yet
+    assert gym._serves(fake_spec(Path("/nonexistent"), Path("/tmp"))) is False
+    assert reads == ["config"]
+
+
 def test_log_events_wake_on_a_server_announcement_only(tmp_path):
     from nemo_gym_adapter.gym_servers import _READY_MARKERS
     from nemo_gym_adapter.procs import LogWatch
