@@ -22,7 +22,7 @@ import pytest
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.procs import free_port, session_members
+from nemo_gym_adapter.procs import alive, free_port, session_members
 from tests.support.gym_fixtures import single_tool_call_spec
 
 pytestmark = pytest.mark.integration
@@ -36,14 +36,7 @@ def _dead_url() -> str:
 
 
 def _alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            pass
-    return out
+    return [p for p in pids if alive(p)]
 
 
 def _wait_gone(pids, timeout: float = 15.0) -> list[int]:

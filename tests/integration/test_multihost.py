@@ -24,6 +24,7 @@ import urllib.parse
 
 import pytest
 
+from nemo_gym_adapter.procs import alive as _alive
 from tests.support.gym_fixtures import (
     SINGLE_TOOL_CALL_AGENT,
     SINGLE_TOOL_CALL_CONFIG,
@@ -257,12 +258,3 @@ def _ready_line(proc, timeout: float) -> dict:
             raise proc.fail("exited before it was ready")
         time.sleep(0.5)
     raise proc.fail(f"not ready after {timeout:.0f}s")
-
-
-def _alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nemo_gym_adapter.procs import alive as _alive
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "multihost_bed.py"
@@ -88,10 +90,3 @@ def test_failed_start_tears_down_what_it_built():
     assert not bed.leftovers
     assert f"ngv{os.getpid()}" not in _netns() + _links()
     assert all(not p.alive() for _, p in bed._procs)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

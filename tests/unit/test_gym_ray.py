@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from nemo_gym_adapter import gym_ray
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym_ray import GymRayHead, claim_early_head, early_ray_head, head_command, head_env
 from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.procs import alive
 from tests.support.fake_gym_venv import fake_spec
 from tests.support.recipe_config import minimal_recipe_config
 
@@ -29,14 +29,7 @@ def short_stop_grace(monkeypatch):
 
 
 def _alive(pids) -> list[int]:
-    out = []
-    for p in pids:
-        try:
-            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+    return [p for p in pids if alive(p)]
 
 
 def _gone(pids, timeout: float = 10.0) -> list[int]:

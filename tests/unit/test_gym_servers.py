@@ -14,20 +14,14 @@ import pytest
 
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.procs import alive
 from tests.support.fake_gym_venv import fake_spec
 
 # ---------------------------------------------------------------- start / stop with FakeGym
 
 
-def _alive(pids):
-    out = []
-    for p in pids:
-        try:
-            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+def _alive(pids) -> list[int]:
+    return [p for p in pids if alive(p)]
 
 
 def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tmp_path):
