@@ -18,7 +18,8 @@ go to ``run_dir/servers/<name>.log``. Teardown (context exit, exception, ``stop(
 when the raylet dies and ignore SIGTERM, but they keep the session id, so they are found by it, never by name.
 ``attach`` mode owns nothing and never stops anything. Given a Ray head started earlier (``start(spec, ray_head=)``,
 :mod:`nemo_gym_adapter.gym_ray`), Gym joins it instead of starting its own. What to start (spec, config file, command,
-environment) is :mod:`nemo_gym_adapter.gym_launch`; what a running Gym answers over HTTP is :class:`GymHead`.
+environment) is :mod:`nemo_gym_adapter.gym_launch`; what a running Gym answers over HTTP is
+:class:`nemo_gym_adapter.gym_head.GymHead`.
 """
 
 from __future__ import annotations
@@ -27,19 +28,15 @@ import json
 import logging
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
+from nemo_gym_adapter.gym_head import GymHead, GymServerInstance, answers, http_get
 from nemo_gym_adapter.gym_launch import (
-    API_KEY_REF,
     TRAINING_MODEL_CONFIG,
     GymLaunchSpec,
     launch_command,
@@ -49,116 +46,11 @@ from nemo_gym_adapter.gym_launch import (
 )
 from nemo_gym_adapter.gym_ray import GymRayHead
 from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, free_port, log_tail, session_members
-from nemo_gym_adapter.routing import GymRoutes
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
 
 logger = logging.getLogger(__name__)
 _CRASHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
-
-
-class GymServerInstance(BaseModel):
-    """One entry of the head server's ``/server_instances`` (extra fields kept)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    process_name: str
-    server_type: str
-    name: str  # the implementation, e.g. ``simple_agent``
-    host: str
-    port: int
-    url: str
-
-
-def _http(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """GET ``url``: (status, body). Raises ``OSError`` when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _answers(url: str) -> bool:
-    """Gym's own readiness notion: any HTTP answer at all (a server need not route ``/``)."""
-    try:
-        _http(url, timeout=3.0)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
-class GymHead:
-    """What a running Gym's head server answers (``/global_config_dict_yaml``, ``/server_instances``), and the routes
-    and URLs the rollout client derives from it."""
-
-    def __init__(self, head_url: str) -> None:
-        self.head_url = head_url.rstrip("/")
-        self._config: dict[str, Any] | None = None
-
-    def global_config(self, refresh: bool = False) -> dict[str, Any]:
-        """Gym's whole config (``/global_config_dict_yaml``) with interpolations resolved (``base_url`` is
-        ``${policy_base_url}`` there). It holds secrets: don't log it. Our own API key reference cannot resolve in
-        this process (the key lives in Gym's environment only) and reads ``<redacted>``."""
-        if self._config is None or refresh:
-            from omegaconf import OmegaConf
-
-            status, body = _http(f"{self.head_url}/global_config_dict_yaml", timeout=30)
-            if status != 200:
-                raise GymServerError(f"Gym head server {self.head_url}: /global_config_dict_yaml answered {status}")
-            # FastAPI returns the YAML text as a JSON string. Redact before resolving (reading resolves).
-            raw = OmegaConf.to_container(OmegaConf.create(json.loads(body)), resolve=False)
-            if raw.get("policy_api_key") == API_KEY_REF:
-                raw["policy_api_key"] = "<redacted>"
-            cfg = OmegaConf.create(raw)
-            try:
-                self._config = OmegaConf.to_container(cfg, resolve=True)
-            except Exception as e:  # e.g. ${oc.env:X} of a variable only Gym's environment has
-                logger.warning("Gym config has interpolations we cannot resolve here (%s); using them verbatim", e)
-                self._config = OmegaConf.to_container(cfg, resolve=False)
-        return self._config
-
-    def server_instances(self) -> dict[str, GymServerInstance]:
-        """``/server_instances`` keyed by instance (top-level config) name."""
-        status, body = _http(f"{self.head_url}/server_instances", timeout=30)
-        if status != 200:
-            raise GymServerError(f"Gym head server {self.head_url}: /server_instances answered {status}")
-        return {d["process_name"]: GymServerInstance.model_validate(d) for d in json.loads(body)}
-
-    def server_url(self, name: str) -> str:
-        """``http://host:port`` of the server instance ``name`` (from the global config, as Gym's client does)."""
-        block: Any = self.global_config().get(name)
-        try:
-            (server,) = [cfg for impls in block.values() for cfg in impls.values()]
-            return f"http://{server['host']}:{server['port']}"
-        except (AttributeError, TypeError, ValueError, KeyError) as e:
-            raise GymServerError(f"Gym has no server instance {name!r} (head {self.head_url})") from e
-
-    def routes(self) -> GymRoutes:
-        """This Gym's agent → environment-server routes (:class:`routing.GymRoutes`: one routing rule for both)."""
-        instances = [inst.model_dump() for inst in self.server_instances().values()]
-        head_host = urllib.parse.urlsplit(self.head_url).hostname or "127.0.0.1"
-        return GymRoutes.from_config(self.global_config(), instances, head_host=head_host)
-
-    def environment_servers_by_agent(self) -> dict[str, list[str]]:
-        """Agent instance name -> the environment servers fronting it (Gym's collector routes through these)."""
-        return {agent: [r.server for r in routes] for agent, routes in self.routes().servers_by_agent.items()}
-
-    def run_url(self, agent_name: str) -> str:
-        """The ``/run`` URL for rows of ``agent_name``: its one environment server (as ``rollout_collection``)."""
-        routes = self.routes().servers_by_agent.get(agent_name, ())
-        if len(routes) != 1:
-            names = [r.server for r in routes]
-            raise GymServerError(f"agent {agent_name!r} is fronted by {len(routes)} environment servers: {names}")
-        return routes[0].run_url
-
-    def unready_instances(self) -> list[str]:
-        """Server instances that do not answer yet (``["head server"]`` while the head itself does not)."""
-        try:
-            instances = self.server_instances()
-        except (OSError, GymServerError):
-            return ["head server"]
-        return [name for name, inst in instances.items() if not _answers(inst.url)]
 
 
 class GymServers(GymHead):
@@ -258,7 +150,7 @@ class GymServers(GymHead):
         deadline = time.monotonic() + timeout
         while True:
             try:
-                status, _ = _http(f"{gym.head_url}/health")
+                status, _ = http_get(f"{gym.head_url}/health")
                 if status == 200 and not gym.unready_instances():
                     return gym
                 last = f"/health answered {status}"
@@ -323,7 +215,7 @@ class GymServers(GymHead):
         (``model_endpoint_readiness_timeout_seconds <= 0``) only Gym's own ``/health`` counts.
         """
         try:
-            status, _ = _http(f"{self.head_url}/health", timeout=3.0)
+            status, _ = http_get(f"{self.head_url}/health", timeout=3.0)
         except OSError:
             return False  # the head server itself is not up yet
         if status == 200:
@@ -338,9 +230,9 @@ class GymServers(GymHead):
         except (OSError, GymServerError):
             return False
         # Gym publishes the instance list once every server process is spawned; before that it is empty.
-        if not instances or any(not _answers(inst.url) for inst in instances.values()):
+        if not instances or any(not answers(inst.url) for inst in instances.values()):
             return False
-        return bool(endpoints) and all(_answers(_probe_url(url)) for url in endpoints)
+        return bool(endpoints) and all(answers(_probe_url(url)) for url in endpoints)
 
 
 # Without a log line that announces a server, probe this often anyway (a quiet server, another log format).
@@ -387,14 +279,14 @@ def _start_failure(
     crashed = _CRASHED.findall(text)
     if crashed:
         culprits, detail = crashed, "crashed"
-    elif not _answers(f"{gym.head_url}/health"):
+    elif not answers(f"{gym.head_url}/health"):
         state = "still starting (parsing config, starting Ray)" if launcher.alive() else "gone (config error?)"
         culprits, detail = ["head server"], f"launcher {state}; not up"
     else:
         culprits = [n for n in gym.unready_instances() if n != "head server"]
         detail = "not answering"
         if not culprits and spec is not None:
-            culprits = [u for u in spec.policy_base_url if not _answers(f"{u}/models")]
+            culprits = [u for u in spec.policy_base_url if not answers(f"{u}/models")]
             detail = "model endpoint not answering (Gym waits for it)"
     parts = [f"NeMo Gym ({gym.head_url}): {why}; {detail}: {', '.join(culprits) or '-'}"]
     for name in culprits:

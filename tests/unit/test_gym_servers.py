@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from nemo_gym_adapter.errors import GymServerError
+from nemo_gym_adapter.gym_head import GymServerInstance
 from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.procs import alive
 from tests.support.fake_gym_venv import fake_spec
@@ -122,11 +123,11 @@ def test_gyms_config_is_read_while_servers_still_start_not_after_the_last_answer
 
     gym = GymServers("http://127.0.0.1:9")
     reads: list[str] = []
-    monkeypatch.setattr(gs, "_http", lambda url, timeout=5.0: (503, b"{}"))  # head up, its own flag not set
+    monkeypatch.setattr(gs, "http_get", lambda url, timeout=5.0: (503, b"{}"))  # head up, its own flag not set
     monkeypatch.setattr(gym, "global_config", lambda refresh=False: reads.append("config") or {})
-    inst = gs.GymServerInstance(process_name="a", server_type="t", name="n", host="h", port=1, url="http://h:1")
+    inst = GymServerInstance(process_name="a", server_type="t", name="n", host="h", port=1, url="http://h:1")
     monkeypatch.setattr(gym, "server_instances", lambda: {"a": inst})
-    monkeypatch.setattr(gs, "_answers", lambda url: False)  # no server answers yet
+    monkeypatch.setattr(gs, "answers", lambda url: False)  # no server answers yet
     assert gym._serves(fake_spec(Path("/nonexistent"), Path("/tmp"))) is False
     assert reads == ["config"]
 
