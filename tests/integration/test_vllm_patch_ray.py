@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from nemo_gym_adapter.vllm_patch import apply_patch_to_actors, find_vllm_server_actors
-from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt
+from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, follow_up
 from tests.support.ray_vllm_fixtures import TEST_MAX_MODEL_LEN, served_model_name
 
 FAMILIES = ["qwen25", "qwen3", "llama3"]
@@ -88,14 +88,8 @@ class Conversation:
             assert tok.status_code == 200, tok.text
             self.turns.append({"messages": sent, "prompt": prompt, "generation": generation, "tokens": tok.json()})
             self._append_answer(choice, prompt, generation, seed)
-            if then == "tool":
-                call = self.messages[-1]["tool_calls"][0]
-                city = json.loads(call["function"]["arguments"]).get("city", "?")
-                self.messages.append(
-                    {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"city": city, "temp": 21})}
-                )
-            elif then == "user":
-                self.messages.append({"role": "user", "content": "And in Oslo?"})
+            if then:  # None: the conversation ends here
+                self.messages.append(follow_up(then, self.messages[-1]))
         return self
 
     def _append_answer(self, choice: dict, prompt: list[int], generation: list[int], seed: int) -> None:

@@ -4,6 +4,7 @@ the view of a conversation that vLLM hands a chat template.
 * :data:`TOOLS` (:data:`WEATHER_TOOL`): the one function tool, ``get_weather(city)``, of every weather conversation.
 * :func:`piecewise`: every word in two pieces -- ids a model may sample for a text but the template never produces
   when it encodes that text (the retokenisation the splice must survive).
+* :func:`follow_up`: the message that continues a scripted weather conversation after an assistant turn.
 * :func:`template_view`: messages as vLLM's chat parser passes them to the template: known keys only (token ids and
   log-probs never reach it), tool-call arguments parsed from their JSON string.
 """
@@ -22,6 +23,20 @@ WEATHER_TOOL: dict[str, Any] = {
     },
 }
 TOOLS = [WEATHER_TOOL]
+
+
+def follow_up(then: str, answer: dict[str, Any]) -> dict[str, Any]:
+    """After assistant message ``answer``: its first tool call's result (``then="tool"``) or the user's next
+    question (``then="user"``)."""
+    if then == "tool":
+        call = answer["tool_calls"][0]
+        city = json.loads(call["function"]["arguments"]).get("city", "?")
+        return {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"city": city, "temp": 21})}
+    if then == "user":
+        return {"role": "user", "content": "And in Oslo?"}
+    raise ValueError(f"then={then!r}: 'tool' or 'user'")
+
+
 TEMPLATE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning", "reasoning_content")
 
 

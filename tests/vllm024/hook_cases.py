@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter import vllm_hooks, vllm_patch
-from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, piecewise, plain_messages
+from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, follow_up, piecewise, plain_messages
 
 MAX_MODEL_LEN = 1024
 FAMILIES = ["qwen25", "qwen3", "llama3"]
@@ -237,14 +237,8 @@ class Conversation:
                 ]
             answer.update(prompt_token_ids=engine_prompt, generation_token_ids=choice["token_ids"])
             self.messages.append(answer)
-            if then == "tool":
-                call = answer["tool_calls"][0]
-                city = json.loads(call["function"]["arguments"]).get("city", "?")
-                self.messages.append(
-                    {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"city": city, "temp": 21})}
-                )
-            elif then == "user":
-                self.messages.append({"role": "user", "content": "And in Oslo?"})
+            if then:  # None: the conversation ends here
+                self.messages.append(follow_up(then, answer))
         return self
 
     def history_kept(self) -> list[bool]:
