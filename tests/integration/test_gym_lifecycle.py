@@ -22,8 +22,9 @@ import pytest
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.procs import alive, free_port, session_members
+from nemo_gym_adapter.procs import free_port, session_members
 from tests.support.gym_fixtures import single_tool_call_spec
+from tests.support.pids import alive_pids, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +34,6 @@ START_TIMEOUT_S = 400.0  # a shared 2-core machine under load has taken ~100 s f
 
 def _dead_url() -> str:
     return f"127.0.0.1:{free_port()}"
-
-
-def _alive(pids) -> list[int]:
-    return [p for p in pids if alive(p)]
-
-
-def _wait_gone(pids, timeout: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (left := _alive(pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 def _cmdlines(pids) -> str:
@@ -113,7 +103,7 @@ def test_config_error_inside_gym_is_reported_with_its_log(tmp_path):
         GymServers.start(spec)
     assert time.monotonic() - t0 < START_TIMEOUT_S
     assert "exited with code" in str(e.value) and "nope.yaml" in str(e.value)  # Gym's message, from the log tail
-    assert rec.seen and _wait_gone(rec.seen) == []
+    assert rec.seen and wait_gone(rec.seen, 15.0) == []
 
 
 def test_crashing_server_is_named_with_its_log_tail(tmp_path):
@@ -140,7 +130,7 @@ def test_crashing_server_is_named_with_its_log_tail(tmp_path):
     assert "crashed: policy_model" in msg
     assert "supply_prefix_token_ids" in msg  # the crashed server's own log tail
     assert rec.seen
-    assert _wait_gone(rec.seen) == []
+    assert wait_gone(rec.seen, 15.0) == []
 
 
 @pytest.mark.slow
@@ -155,7 +145,7 @@ def test_never_ready_raises_within_the_timeout_naming_what_is_missing(tmp_path):
     # the culprit: the dead model endpoint -- or, on a slow machine, servers (or the head) still starting
     culprits = (f"http://{dead}/v1", "policy_model", "example_single_tool_call", "head server")
     assert [n for n in culprits if n in msg.split("\n")[0]], msg
-    assert _wait_gone(rec.seen) == []
+    assert wait_gone(rec.seen, 15.0) == []
 
 
 def test_context_exit_on_exception_stops_every_pid_and_attach_never_stops(tmp_path):
@@ -170,9 +160,9 @@ def test_context_exit_on_exception_stops_every_pid_and_attach_never_stops(tmp_pa
                 assert not attached.owned
                 assert set(attached.server_instances()) == set(gym.server_instances())
             GymServers.attach(gym.head_url, timeout=5)  # still ready after the attached one was "closed"
-            assert _alive([gym._launcher.pid])
+            assert alive_pids([gym._launcher.pid])
             raise RuntimeError("boom")
-    assert _wait_gone(pids) == [], _cmdlines(_alive(pids))
+    assert wait_gone(pids, 15.0) == [], _cmdlines(alive_pids(pids))
 
 
 CHILD = textwrap.dedent(
@@ -202,7 +192,7 @@ def test_sigterm_to_the_trainer_stops_gym_and_ray(tmp_path):
             child.send_signal(signal.SIGTERM)
             assert child.wait(timeout=60) == -signal.SIGTERM
         pids = set(info["pids"]) | rec.seen
-        assert _wait_gone(pids) == [], _cmdlines(_alive(pids))
+        assert wait_gone(pids, 15.0) == [], _cmdlines(alive_pids(pids))
     finally:
         if child.poll() is None:
             child.kill()
@@ -246,5 +236,5 @@ def test_gym_joins_an_early_ray_head_a_restart_reuses_it_and_nothing_is_left(tmp
             assert head.alive()  # Gym's stop leaves the head to its owner
         finally:
             head.stop()
-    assert _wait_gone(rec.seen) == [], _cmdlines(_alive(rec.seen))
+    assert wait_gone(rec.seen, 15.0) == [], _cmdlines(alive_pids(rec.seen))
     assert head.temp_dir is not None and not head.temp_dir.exists()

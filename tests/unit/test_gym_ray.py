@@ -17,8 +17,8 @@ from nemo_gym_adapter import gym_ray
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym_ray import GymRayHead, claim_early_head, early_ray_head, head_command, head_env
 from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.procs import alive
 from tests.support.fake_gym_venv import fake_spec
+from tests.support.pids import wait_gone
 from tests.support.recipe_config import minimal_recipe_config
 
 
@@ -26,17 +26,6 @@ from tests.support.recipe_config import minimal_recipe_config
 def short_stop_grace(monkeypatch):
     """FakeRay's orphan ignores SIGTERM like Ray's agents: SIGKILL it after 0.5 s, not 3 s."""
     monkeypatch.setattr(gym_ray, "STOP_TIMEOUT_S", 0.5)
-
-
-def _alive(pids) -> list[int]:
-    return [p for p in pids if alive(p)]
-
-
-def _gone(pids, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (left := _alive(pids)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 def test_head_command_runs_ray_from_gyms_venv_with_its_own_ports_and_temp_dir(tmp_path):
@@ -94,7 +83,7 @@ def test_gym_joins_the_head_restart_reuses_it_or_replaces_a_dead_one_and_nothing
         assert head.alive()  # Gym's stop leaves the head (the manager stops it)
     finally:
         head.stop()
-    assert _gone(seen) == []  # the fake agents that ignore SIGTERM too
+    assert wait_gone(seen, 10.0) == []  # the fake agents that ignore SIGTERM too
     assert not head.temp_dir.exists() and not (run_dir / gym_ray.PID_FILE).exists()
 
 
@@ -124,7 +113,7 @@ def test_a_head_that_never_comes_up_times_out(fake_gym_venv, tmp_path, monkeypat
         pids = head.pids()
     finally:
         head.stop()
-    assert _gone(pids) == []
+    assert wait_gone(pids, 10.0) == []
 
 
 def _config(tmp_path: Path, venv: Path, **section) -> dict:

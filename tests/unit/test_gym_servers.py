@@ -15,14 +15,10 @@ import pytest
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym_head import GymServerInstance
 from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.procs import alive
 from tests.support.fake_gym_venv import fake_spec
+from tests.support.pids import alive_pids
 
 # ---------------------------------------------------------------- start / stop with FakeGym
-
-
-def _alive(pids) -> list[int]:
-    return [p for p in pids if alive(p)]
 
 
 def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tmp_path):
@@ -37,7 +33,7 @@ def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tm
         assert gym.run_url("agent_a") == f"{gym.head_url}/run"
         with pytest.raises(GymServerError, match="agent_b"):
             gym.run_url("agent_b")
-    assert _alive(pids) == []
+    assert alive_pids(pids) == []
 
 
 def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fake_gym_venv, tmp_path):
@@ -48,14 +44,14 @@ def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fa
         gym.on_restart.append(lambda g: seen.append(g.restarts))
         gym.restart(drop_replicas=["127.0.0.1:10"])
         assert gym.head_url == head and gym.restarts == 1 and seen == [1]
-        assert _alive(old) == [] and gym.pids()
+        assert alive_pids(old) == [] and gym.pids()
         cfg = gym.global_config()
         assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
         assert (tmp_path / "run" / "restart1" / "gym.log").exists() and gym.run_dir == tmp_path / "run"
         with pytest.raises(GymServerError, match="every vLLM replica is down"):
             gym.restart(drop_replicas=["127.0.0.1:9"])
         new = gym.pids()
-    assert _alive(new) == []
+    assert alive_pids(new) == []
     with pytest.raises(GymServerError, match="not started by us"):
         GymServers(head).restart()
 
@@ -68,7 +64,7 @@ def test_crashed_server_is_named_with_log_tail(fake_gym_venv, tmp_path, monkeypa
     assert time.monotonic() - t0 < 15
     msg = str(e.value)
     assert "crashed: policy_model" in msg and "fake gym starting crash" in msg  # name + launcher log tail
-    assert _alive(_fake_gym_pids(tmp_path)) == []
+    assert alive_pids(_fake_gym_pids(tmp_path)) == []
 
 
 def test_never_ready_times_out_naming_the_model_endpoint(fake_gym_venv, tmp_path, monkeypatch):
@@ -79,7 +75,7 @@ def test_never_ready_times_out_naming_the_model_endpoint(fake_gym_venv, tmp_path
     assert time.monotonic() - t0 < 3 + 10
     # every instance answers, so the one thing Gym still waits for is the (unreachable) model endpoint
     assert "not ready after 3s" in str(e.value) and "http://127.0.0.1:9/v1" in str(e.value)
-    assert _alive(_fake_gym_pids(tmp_path)) == []
+    assert alive_pids(_fake_gym_pids(tmp_path)) == []
 
 
 class _Models(BaseHTTPRequestHandler):
