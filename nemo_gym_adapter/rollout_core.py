@@ -231,9 +231,15 @@ GC_PAUSE_ENV = "NGV_GC_PAUSE"  # "0": keep automatic cyclic GC running during st
 GC_YOUNG_EVERY = 1024  # rows finished (process-wide) while paused between two young collections
 GC_FULL_EVERY = 16  # young collections of one unbroken pause (overlapping steps) between two full ones
 _GC_LOCK = threading.Lock()
-# steps in progress, whether automatic collection was on before the first, rows since the last young collection,
-# young collections since the pause began
-_GC_PAUSES = [0, False, 0, 0]
+
+
+class _GcPause:
+    """The process-wide pause's state (under ``_GC_LOCK``)."""
+
+    steps = 0  # steps in progress
+    was_enabled = False  # automatic collection was on before the first of them
+    rows = 0  # rows finished since the last young collection
+    youngs = 0  # young collections since the pause began
 
 
 @contextmanager
@@ -254,17 +260,17 @@ def gc_paused() -> Iterator[None]:
     130-150 ms of it), 17-19 ms paused, same peak RSS (352 MB; the padded batch dominates it).
     """
     with _GC_LOCK:
-        if _GC_PAUSES[0] == 0:
-            _GC_PAUSES[1] = gc.isenabled()
-            _GC_PAUSES[2] = _GC_PAUSES[3] = 0
+        if _GcPause.steps == 0:
+            _GcPause.was_enabled = gc.isenabled()
+            _GcPause.rows = _GcPause.youngs = 0
             gc.disable()
-        _GC_PAUSES[0] += 1
+        _GcPause.steps += 1
     try:
         yield
     finally:
         with _GC_LOCK:
-            _GC_PAUSES[0] -= 1
-            last = _GC_PAUSES[0] == 0 and bool(_GC_PAUSES[1])
+            _GcPause.steps -= 1
+            last = _GcPause.steps == 0 and _GcPause.was_enabled
             if last:
                 gc.enable()
         if last:
@@ -275,14 +281,14 @@ def gc_row_done() -> None:
     """One row finished: while steps pause the collector (that was on), every :data:`GC_YOUNG_EVERY` rows a young
     collection (the objects allocated since the last one), every :data:`GC_FULL_EVERY`-th of them a full one."""
     with _GC_LOCK:
-        if _GC_PAUSES[0] == 0 or not _GC_PAUSES[1]:
+        if _GcPause.steps == 0 or not _GcPause.was_enabled:
             return
-        _GC_PAUSES[2] += 1
-        due = _GC_PAUSES[2] >= GC_YOUNG_EVERY
+        _GcPause.rows += 1
+        due = _GcPause.rows >= GC_YOUNG_EVERY
         if due:
-            _GC_PAUSES[2] = 0
-            _GC_PAUSES[3] += 1
-        full = due and _GC_PAUSES[3] % GC_FULL_EVERY == 0
+            _GcPause.rows = 0
+            _GcPause.youngs += 1
+        full = due and _GcPause.youngs % GC_FULL_EVERY == 0
     if due:
         gc.collect(2 if full else 0)
 
