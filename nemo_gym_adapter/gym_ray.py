@@ -35,9 +35,7 @@ patching the replicas, so it still overlaps. ``nemo_gym.head_url`` (attach) star
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import secrets
 import shutil
 import tempfile
@@ -53,7 +51,16 @@ from nemo_gym_adapter import paths
 from nemo_gym_adapter.config import NemoGymConfig, load_config
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym_launch import gym_package_root, gym_process_env
-from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, descendants, free_port, log_tail, session_members
+from nemo_gym_adapter.procs import (
+    LogWatch,
+    SessionProcess,
+    alive,
+    descendants,
+    free_port,
+    log_tail,
+    session_members,
+    write_pid_record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -222,8 +229,7 @@ class GymRayHead:
 
     def _write_pid_file(self) -> None:
         if self.run_dir is not None and self.proc is not None:
-            record = {"sessions": [self.proc.pid], "pids": [self.proc.pid], "owner_pid": os.getpid()}
-            (self.run_dir / PID_FILE).write_text(json.dumps(record) + "\n")
+            write_pid_record(self.run_dir / PID_FILE, [self.proc.pid])  # it leads its session
 
     def __repr__(self) -> str:
         state = "up" if self._ready and self.alive() else "starting" if self.alive() else "stopped"

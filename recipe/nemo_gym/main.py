@@ -24,7 +24,6 @@ can be overridden as usual. The run, in order:
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import signal
@@ -156,34 +155,9 @@ def sweep_gym(run_dir: Path | None) -> list[int]:
     """
     if run_dir is None:
         return []
-    return sorted(p for name in (PID_FILE, RAY_PID_FILE) for p in _sweep_record(run_dir / name))
+    from nemo_gym_adapter.procs import sweep_pid_record
 
-
-def _sweep_record(record_path: Path) -> list[int]:
-    if not record_path.is_file():
-        return []
-    from nemo_gym_adapter.procs import kill_tree, session_members
-
-    try:
-        record = json.loads(record_path.read_text())
-    except ValueError:
-        logger.warning("unreadable Gym pid file %s; nothing swept", record_path)
-        return []
-    sessions = {int(s) for s in record.get("sessions", [])}
-    leftovers = {p for s in sessions for p in session_members(s)}
-    for pid in record.get("pids", []):
-        try:
-            if os.getsid(int(pid)) in sessions:
-                leftovers.add(int(pid))
-        except OSError:
-            continue
-    if leftovers:
-        logger.warning(
-            "stopping %d Gym process(es) left behind (%s): %s", len(leftovers), record_path.name, sorted(leftovers)
-        )
-        kill_tree(sorted(leftovers), timeout=5.0)
-    record_path.unlink(missing_ok=True)
-    return sorted(leftovers)
+    return sorted(p for name in (PID_FILE, RAY_PID_FILE) for p in sweep_pid_record(run_dir / name, "Gym"))
 
 
 def _shutdown_ray() -> None:

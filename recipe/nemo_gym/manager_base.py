@@ -26,9 +26,7 @@ and on exceptions, at interpreter exit, and Gym's launcher is also stopped on SI
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,6 +50,7 @@ from nemo_gym_adapter.gym_ray import GymRayHead, claim_early_head, start_head_fo
 from nemo_gym_adapter.gym_servers import GymServers
 from nemo_gym_adapter.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
+from nemo_gym_adapter.procs import write_pid_record
 from nemo_gym_adapter.rollout_client import RolloutClientConfig
 from nemo_gym_adapter.rollout_core import RolloutCore, RowResult
 from nemo_gym_adapter.trajectory import TrajectoryConfig
@@ -363,14 +362,9 @@ def liveness_config(gym: NemoGymConfig) -> LivenessConfig:
 def write_pid_file(gym: GymServers) -> None:
     """``<run_dir>/gym.pid``: the launcher leads its own session, whose id finds Gym's processes even after they
     are re-parented (``recipe.nemo_gym.main.sweep_gym`` reads it)."""
-    pids = sorted(gym.pids())
+    pids = gym.pids()
     if gym.run_dir is not None and pids:
-        record = {
-            "sessions": sorted({s for s in map(_sid, pids) if s is not None}),
-            "pids": pids,
-            "owner_pid": os.getpid(),
-        }
-        (gym.run_dir / PID_FILE).write_text(json.dumps(record) + "\n")
+        write_pid_record(gym.run_dir / PID_FILE, pids)
 
 
 def stop_gym(gym: GymServers) -> None:
@@ -378,10 +372,3 @@ def stop_gym(gym: GymServers) -> None:
     gym.stop()
     if gym.run_dir is not None:
         (gym.run_dir / PID_FILE).unlink(missing_ok=True)
-
-
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None
