@@ -79,21 +79,27 @@ def make_abort_guard(original: Any) -> Any:
     return chat_completion_full_generator
 
 
+def _target() -> tuple[Any, str]:
+    """vLLM's class holding the guarded method, and the method's name (:data:`ABORT_GUARD_TARGET`)."""
+    import importlib
+
+    module, qualname = ABORT_GUARD_TARGET
+    class_name, method_name = qualname.split(".")
+    return getattr(importlib.import_module(module), class_name), method_name
+
+
 def install_abort_guard() -> bool:
     """Wrap vLLM's chat full generator once in this process; True when it was already wrapped.
 
     Raises ``SetupError`` when the method is missing (a vLLM that moved it: check the new place, then update
     :data:`ABORT_GUARD_TARGET`)."""
-    import importlib
-
     from nemo_gym_adapter.errors import SetupError
 
-    module, qualname = ABORT_GUARD_TARGET
-    class_name, method_name = qualname.split(".")
     try:
-        cls = getattr(importlib.import_module(module), class_name)
+        cls, method_name = _target()
         current = getattr(cls, method_name)
     except (ImportError, AttributeError) as e:
+        module, qualname = ABORT_GUARD_TARGET
         raise SetupError(f"abort guard: vLLM has no {module}.{qualname} (moved in this vLLM version?)") from e
     if getattr(current, GUARD_SENTINEL, None) is not None:
         return True
@@ -103,9 +109,5 @@ def install_abort_guard() -> bool:
 
 def is_guarded() -> bool:
     """True when this process's vLLM chat full generator carries the abort guard."""
-    import importlib
-
-    module, qualname = ABORT_GUARD_TARGET
-    class_name, method_name = qualname.split(".")
-    cls = getattr(importlib.import_module(module), class_name)
+    cls, method_name = _target()
     return getattr(getattr(cls, method_name, None), GUARD_SENTINEL, None) is not None
