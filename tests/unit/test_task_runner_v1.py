@@ -226,3 +226,63 @@ def test_an_async_mode_without_the_patch_warns_that_aborted_turns_go_undetected(
     with caplog.at_level("WARNING", logger="recipe.nemo_gym.task_runner_v1"):
         assert warn_unguarded_aborts(config) is warned
     assert ("nemo_gym.patch_vllm=false" in caplog.text) is warned
+
+
+def _separate_async(**over: Any) -> Any:
+    """A config as ``trainer.v1.trainer_mode=separate_async`` needs it with Gym; ``over`` = dotted key -> value."""
+    config = OmegaConf.create(
+        {
+            "trainer": {"v1": {"trainer_mode": "separate_async"}},
+            "actor_rollout_ref": {
+                "hybrid_engine": False,
+                "rollout": {
+                    "nnodes": 1,
+                    "n_gpus_per_node": 1,
+                    "checkpoint_engine": {"backend": "fake_ce", "custom_backend_module": None},
+                },
+            },
+        }
+    )
+    for key, value in over.items():
+        OmegaConf.update(config, key, value)
+    return config
+
+
+@pytest.fixture
+def fake_backend(monkeypatch):
+    """A checkpoint engine registered as ``fake_ce`` in verl's registry for the test only."""
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+
+    monkeypatch.setitem(CheckpointEngineRegistry._registry, "fake_ce", object)
+
+
+def test_separate_async_with_what_it_needs_passes_and_other_modes_are_not_checked(fake_backend):
+    from recipe.nemo_gym.task_runner_v1 import check_separate_async
+
+    check_separate_async(_separate_async())
+    # sync/colocate_async use the naive backend and the hybrid engine: nothing to check
+    check_separate_async(OmegaConf.create({"trainer": {"v1": {"trainer_mode": "colocate_async"}}}))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [
+        ("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "checkpoint_engine.backend other than 'naive'"),
+        # verl 0.9.1 on CPU: nccl's module failed to import (no cupy); verl would fail only after starting every worker
+        ("actor_rollout_ref.rollout.checkpoint_engine.backend", "nccl", "checkpoint_engine.backend='nccl' is not usable"),
+        ("actor_rollout_ref.hybrid_engine", True, "actor_rollout_ref.hybrid_engine=false"),
+        ("actor_rollout_ref.rollout.nnodes", 0, "actor_rollout_ref.rollout.nnodes=0 must be > 0"),
+        ("actor_rollout_ref.rollout.n_gpus_per_node", 0, "actor_rollout_ref.rollout.n_gpus_per_node=0 must be > 0"),
+    ],
+)
+def test_separate_async_without_what_it_needs_fails_at_start_up_naming_the_key(key, value, named, fake_backend):
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+
+    from nemo_gym_adapter.errors import AdapterConfigError
+    from recipe.nemo_gym.task_runner_v1 import check_separate_async
+
+    if value == "nccl" and "nccl" in CheckpointEngineRegistry._registry:
+        pytest.skip("nccl imports in this venv (cupy present): nothing to refuse")
+    with pytest.raises(AdapterConfigError, match=named.replace("(", r"\(")) as info:
+        check_separate_async(_separate_async(**{key: value}))
+    assert "trainer.v1.trainer_mode=separate_async" in str(info.value)
