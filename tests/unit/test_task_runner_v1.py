@@ -267,9 +267,17 @@ def test_separate_async_with_what_it_needs_passes_and_other_modes_are_not_checke
 @pytest.mark.parametrize(
     ("key", "value", "named"),
     [
-        ("actor_rollout_ref.rollout.checkpoint_engine.backend", "naive", "checkpoint_engine.backend other than 'naive'"),
+        (
+            "actor_rollout_ref.rollout.checkpoint_engine.backend",
+            "naive",
+            "checkpoint_engine.backend other than 'naive'",
+        ),
         # verl 0.9.1 on CPU: nccl's module failed to import (no cupy); verl would fail only after starting every worker
-        ("actor_rollout_ref.rollout.checkpoint_engine.backend", "nccl", "checkpoint_engine.backend='nccl' is not usable"),
+        (
+            "actor_rollout_ref.rollout.checkpoint_engine.backend",
+            "nccl",
+            "checkpoint_engine.backend='nccl' is not usable",
+        ),
         ("actor_rollout_ref.hybrid_engine", True, "actor_rollout_ref.hybrid_engine=false"),
         ("actor_rollout_ref.rollout.nnodes", 0, "actor_rollout_ref.rollout.nnodes=0 must be > 0"),
         ("actor_rollout_ref.rollout.n_gpus_per_node", 0, "actor_rollout_ref.rollout.n_gpus_per_node=0 must be > 0"),
