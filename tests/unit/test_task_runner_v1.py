@@ -61,6 +61,30 @@ def test_cpu_maps_the_actor_role_to_the_gloo_worker_and_gpu_keeps_verls():
     assert gpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is ActorRolloutRefWorker
 
 
+class FakeSeparateAsyncTrainer(FakeV1Trainer):
+    """verl's ``PPOTrainerSeparateAsync._init_resource_pool_mgr``: the actor role becomes ``DetachActorWorker``."""
+
+    def _init_resource_pool_mgr(self) -> None:
+        from verl.experimental.separation.engine_workers import DetachActorWorker
+
+        super()._init_resource_pool_mgr()
+        self.role_worker_mapping["actor_rollout"] = ray.remote(DetachActorWorker)
+
+
+def test_cpu_maps_separate_asyncs_detach_worker_to_its_gloo_variant():
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+
+    from recipe.nemo_gym.cpu.platform import CpuDetachActorWorker
+
+    cls = nemo_gym_trainer_cls(FakeSeparateAsyncTrainer)
+    cpu, gpu = cls("cpu"), cls("cuda")
+    cpu._init_resource_pool_mgr()
+    gpu._init_resource_pool_mgr()
+    assert cpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is CpuDetachActorWorker
+    assert issubclass(CpuDetachActorWorker, DetachActorWorker)
+    assert gpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is DetachActorWorker
+
+
 def test_rollout_metrics_join_the_step_metrics_under_their_own_names():
     trainer = nemo_gym_trainer_cls(FakeV1Trainer)("cpu")
     trainer.agent_loop_manager = FakeManager()
@@ -294,3 +318,30 @@ def test_separate_async_without_what_it_needs_fails_at_start_up_naming_the_key(k
     with pytest.raises(AdapterConfigError, match=named.replace("(", r"\(")) as info:
         check_separate_async(_separate_async(**{key: value}))
     assert "trainer.v1.trainer_mode=separate_async" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mode", "hybrid", "quieted"),
+    [("separate_async", False, True), ("separate_async", True, False), ("colocate_async", False, False)],
+)
+def test_separate_async_without_hybrid_replicas_avoids_verls_flush_info_log(mode, hybrid, quieted):
+    """verl 0.9.1 logs that case with ``logger.info(..., flush=True)``, a TypeError for the standard logger."""
+    import logging
+
+    from recipe.nemo_gym.task_runner_v1 import quiet_separate_async_info_log
+
+    verl_logger = logging.getLogger("verl.trainer.ppo.v1.trainer_separate_async")
+    original = verl_logger.level
+    verl_logger.setLevel(logging.INFO)  # setLevel, not the attribute: it clears isEnabledFor's cache
+    try:
+        with pytest.raises(TypeError, match="flush"):  # what verl's line does at INFO (why the run died in _setup)
+            verl_logger.info("hybrid replicas disabled", flush=True)
+        config = OmegaConf.create(
+            {"trainer": {"v1": {"trainer_mode": mode}}, "actor_rollout_ref": {"hybrid_engine": hybrid}}
+        )
+        assert quiet_separate_async_info_log(config) is quieted
+        assert verl_logger.isEnabledFor(logging.INFO) is not quieted
+        if quieted:
+            verl_logger.info("hybrid replicas disabled", flush=True)  # now a no-op
+    finally:
+        verl_logger.setLevel(original)
