@@ -77,3 +77,17 @@ def test_the_backend_is_registered_in_verls_registry_on_import():
     from verl.checkpoint_engine import CheckpointEngineRegistry
 
     assert CheckpointEngineRegistry.get(BACKEND) is CpuZmqCheckpointEngine
+
+
+def test_a_receiver_that_never_connects_fails_the_sync_naming_the_engine(monkeypatch):
+    from recipe.nemo_gym.cpu import checkpoint_engine
+
+    monkeypatch.setattr(checkpoint_engine, "TIMEOUT_MS", 200)
+    sender = CpuZmqCheckpointEngine(1 << 20, is_master=True)
+    address = sender.prepare()["address"]
+    sender.init_process_group(role="send", address=address, num_receivers=1)
+    try:
+        with pytest.raises(TimeoutError, match=r"cpu_zmq sender at tcp://.*: 0 of 1 receivers ready after 0s"):
+            asyncio.run(sender.send_weights(iter(_weights())))
+    finally:
+        sender.finalize()

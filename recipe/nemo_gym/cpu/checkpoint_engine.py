@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 BACKEND = "cpu_zmq"
 _END = b'{"end": true}'
+TIMEOUT_MS = 600_000  # a receiver that neither connects nor finishes within this fails the sync, naming the engine
 
 
 @CheckpointEngineRegistry.register(BACKEND)
@@ -88,11 +89,9 @@ class CpuZmqCheckpointEngine(CheckpointEngine):
             for _name, _weight in weights:  # collective over the actor group: every rank walks it
                 pass
             return {}
-        import zmq
-
         peers: list[bytes] = []
         while len(peers) < self.num_receivers:  # each receiver says "ready" before anything is sent
-            identity, _ready = self.socket.recv_multipart()
+            identity, _ready = self._recv(f"{len(peers)} of {self.num_receivers} receivers ready")
             peers.append(identity)
         count, size = 0, 0
         for name, weight in weights:
@@ -106,11 +105,17 @@ class CpuZmqCheckpointEngine(CheckpointEngine):
             count, size = count + 1, size + len(payload)
         for peer in peers:
             self.socket.send_multipart([peer, _END, b""])
-        for _ in peers:  # wait until each receiver has read everything before finalize closes the socket
-            self.socket.poll(timeout=600_000, flags=zmq.POLLIN)
-            self.socket.recv_multipart()
+        for done in range(len(peers)):  # wait until each receiver has read everything before finalize closes
+            self._recv(f"{done} of {len(peers)} receivers done")
         logger.info("cpu_zmq: sent %d tensors (%.1f MB) to %d receivers", count, size / 2**20, len(peers))
         return {}
+
+    def _recv(self, state: str) -> list[bytes]:
+        import zmq
+
+        if not self.socket.poll(timeout=TIMEOUT_MS, flags=zmq.POLLIN):
+            raise TimeoutError(f"{BACKEND} sender at {self.address}: {state} after {TIMEOUT_MS / 1000:.0f}s")
+        return self.socket.recv_multipart()
 
     async def receive_weights(self, global_steps: int | None = None) -> AsyncGenerator[tuple[str, torch.Tensor], None]:
         import zmq
