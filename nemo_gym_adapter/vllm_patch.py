@@ -23,7 +23,7 @@ from typing import Any
 
 from nemo_gym_adapter.errors import ServerError, SetupError
 from nemo_gym_adapter.splice import ASSISTANT_EDITS
-from nemo_gym_adapter.vllm_abort import install_abort_guard
+from nemo_gym_adapter.vllm_abort import ABORT_GUARD_TARGETS, install_abort_guard
 from nemo_gym_adapter.vllm_hooks import OPTIONS, SENTINEL, hook_target_for, make_harmony_guard, make_wrapper
 
 logger = logging.getLogger(__name__)
@@ -76,9 +76,13 @@ def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
             # Harmony (GPT-OSS) requests bypass the hook in this method: ids on them are refused, not ignored.
             setattr(cls, target.guard, make_harmony_guard(guarded))
         OPTIONS["assistant_edits"] = assistant_edits
-        # An aborted chat completion (weight sync in verl's async trainers) answers 503, not a cut "success".
+        # An aborted generation (weight sync in verl's async trainers) answers 503, not a cut "success".
         if not install_abort_guard():
-            logger.info("nemo-gym-verl abort guard installed on vLLM's chat full generator (vLLM %s)", version)
+            logger.info(
+                "nemo-gym-verl abort guard installed on %s (vLLM %s)",
+                ", ".join(t.endpoint for t in ABORT_GUARD_TARGETS),
+                version,
+            )
     return PatchReport(version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits)
 
 
@@ -143,7 +147,7 @@ def _aborted_inside_actor(actor_self: Any) -> int:
 
 
 def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> int | None:
-    """Sum over the server actors of the chat completions the abort guard answered 503 (``vllm_abort``); None
+    """Sum over the server actors of the generations the abort guard answered 503 (``vllm_abort``); None
     (logged) when any actor does not answer: a metric, never a failed step."""
     import ray
 

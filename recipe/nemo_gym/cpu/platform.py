@@ -264,9 +264,34 @@ def _cpu_actor_rollout_ref_worker() -> type:
     return _worker_cls
 
 
+_detach_cls: type | None = None
+
+
+def _cpu_detach_actor_worker() -> type:
+    """Build (once) ``CpuDetachActorWorker``: verl's ``DetachActorWorker`` (what ``separate_async`` puts in place of
+    the actor worker) with a gloo process group, as :func:`_cpu_actor_rollout_ref_worker`."""
+    global _detach_cls
+    if _detach_cls is None:
+        from verl.experimental.separation.engine_workers import DetachActorWorker
+
+        class CpuDetachActorWorker(DetachActorWorker):
+            """``DetachActorWorker`` whose process group is created as plain gloo before verl's own."""
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                init_gloo_process_group()
+
+        CpuDetachActorWorker.__module__ = __name__
+        CpuDetachActorWorker.__qualname__ = "CpuDetachActorWorker"
+        _detach_cls = CpuDetachActorWorker
+    return _detach_cls
+
+
 def __getattr__(name: str) -> Any:
     if name == "CpuActorRolloutRefWorker":
         return _cpu_actor_rollout_ref_worker()
+    if name == "CpuDetachActorWorker":
+        return _cpu_detach_actor_worker()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -167,12 +167,17 @@ class CPUvLLMReplica(vLLMReplica):
         return False
 
     async def init_standalone(self):
-        """Standalone replica without a GPU resource pool: one server on the driver's node, no worker group.
+        """Standalone replica. With the ``naive`` backend: no resource pool, one server on the driver's node, no worker
+        group; weight updates come from actor workers whose ``ServerAdapter`` finds this server by name.
 
-        verl's standalone mode builds a GPU placement group and a ``CheckpointEngineWorker`` group for NCCL-style
-        weight transfer; on CPU neither exists. Weight updates then come from actor workers whose ``ServerAdapter``
-        finds this server by name (naive backend).
+        With any other backend (``separate_async``: ``cpu_zmq``, :mod:`recipe.nemo_gym.cpu.checkpoint_engine`),
+        verl's own standalone set-up: a placement group of Ray's logical GPU slots and a ``CheckpointEngineWorker``
+        per slot, which receives the weights and loads them into this server through its ``ServerAdapter``; the
+        servers are then placed on those workers' nodes (:meth:`launch_servers`).
         """
+        if self.config.checkpoint_engine.backend != "naive":  # separate_async: weights come through the engine
+            await super().init_standalone()  # verl's pool (Ray's logical GPUs) + CheckpointEngineWorker group
+            return
         self.rollout_mode = RolloutMode.STANDALONE
         self.workers = []
         await self.launch_servers()
