@@ -151,10 +151,11 @@ class WarmLauncher:
         run_dir: Path | None = None,
         preload: Sequence[str] | None = None,
     ) -> WarmLauncher:
-        """Start one for the launch of ``spec`` (joining ``head`` if given, as ``GymServers.start`` will)."""
+        """Start one for the launch of ``spec`` (joining ``head`` if given, as ``GymServers.start`` will); its log and
+        pid file go to ``run_dir`` (default: the spec's)."""
         address, token = (head.address, head.auth_token) if head else (spec.ray_head_node_address, spec.ray_auth_token)
         env = gym_env(spec.gym_venv, spec.env, spec.policy_api_key, address, token)
-        return cls.start(spec.gym_venv, env, run_dir, preload)
+        return cls.start(spec.gym_venv, env, run_dir or spec.run_dir, preload)
 
     def _spawn(self) -> None:
         cmd = [
