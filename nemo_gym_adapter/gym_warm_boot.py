@@ -29,6 +29,7 @@ import time
 
 EXIT_TAINTED = 3  # a module that reads the cwd-derived HF_HOME at import was pre-imported: launch cold instead
 READY_LINE = "warm Gym launcher: imports done"  # printed once step 2 is over (the trainer's log reader waits for it)
+LAUNCH_LINE = "warm Gym launcher: launch received"  # the launch ran warm (e2e tests look for it)
 CWD_SENSITIVE = ("huggingface_hub", "datasets", "transformers", "tokenizers", "nemo_gym")
 
 
@@ -82,7 +83,9 @@ def main() -> int:
     if not line.strip():
         print("warm Gym launcher: no launch came (stopped); exiting", flush=True)
         return 0
-    become_launch(json.loads(line))
+    message = json.loads(line)
+    print(f"{LAUNCH_LINE}: cwd {message['cwd']}, output to {message['log']}", flush=True)  # here, not in Gym's log
+    become_launch(message)
     return 0
 
 
