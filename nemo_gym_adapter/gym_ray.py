@@ -272,7 +272,7 @@ def early_ray_head(config: Any) -> Iterator[GymRayHead | None]:
             _EARLY = head
     try:
         if gym_warm.wants_warm(gym):  # after the head: its environment holds the head's token
-            warm = gym_warm.start_warm_for(gym, head)
+            warm = gym_warm.start_warm_for(gym, head)  # None (cold launch later) if it cannot start
             gym_warm.park_early(warm)
         yield head
     finally:

@@ -44,6 +44,7 @@ from pydantic import SecretStr
 
 from nemo_gym_adapter import gym_warm_boot, paths
 from nemo_gym_adapter.config import NemoGymConfig
+from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym_launch import GymLaunchSpec, gym_env
 from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, log_tail, session_members, write_pid_record
 
@@ -285,8 +286,17 @@ def wants_warm(gym: NemoGymConfig) -> bool:
     return gym.head_url is None and gym.warm_launcher
 
 
-def start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher:
-    """Start a warm launcher with the environment the ``nemo_gym:`` section's Gym will get (joining ``head``)."""
+def start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher | None:
+    """Start a warm launcher with the environment the ``nemo_gym:`` section's Gym will get (joining ``head``); None,
+    with a warning, if it cannot be started (Gym then launches cold, and fails there if the venv is broken)."""
+    try:
+        return _start_warm_for(gym, head)
+    except (OSError, AdapterError) as e:
+        logger.warning("nemo_gym.warm_launcher: could not start a warm Gym launcher (%s); Gym will launch cold", e)
+        return None
+
+
+def _start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher:
     gym_venv = Path(gym.gym_venv) if gym.gym_venv else paths.gym_venv()
     address: str | None = None if gym.ray_head in ("early", "gym") else gym.ray_head
     token: SecretStr | None = None

@@ -20,12 +20,16 @@
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
-import runpy
 import sys
-import time
+
+if __name__ == "__main__" and len(sys.argv) > 1:  # before any other import: the path the gym script runs with
+    sys.path[0] = os.path.dirname(os.path.realpath(sys.argv[1]))
+
+import importlib  # noqa: E402
+import json  # noqa: E402
+import runpy  # noqa: E402
+import time  # noqa: E402
 
 EXIT_TAINTED = 3  # a module that reads the cwd-derived HF_HOME at import was pre-imported: launch cold instead
 READY_LINE = "warm Gym launcher: imports done"  # printed once step 2 is over (the trainer's log reader waits for it)
@@ -69,8 +73,7 @@ def become_launch(message: dict[str, object]) -> None:
 
 def main() -> int:
     script, modules = sys.argv[1], [m for m in sys.argv[2].split(",") if m] if len(sys.argv) > 2 else []
-    sys.argv = [script]
-    sys.path[0] = os.path.dirname(os.path.realpath(script))  # what Python sets when it runs the script itself
+    sys.argv = [script]  # sys.path[0] was set at the top, as Python sets it when it runs the script itself
     t0 = time.monotonic()
     failed = preload(modules)
     bad = tainted()

@@ -162,7 +162,8 @@ class GymManagerBase:
         if not wants_warm(self.recipe.gym):
             return None
         warm = claim_early_warm() or start_warm_for(self.recipe.gym, self.ray_head)
-        self.on_shutdown("warm Gym launcher", warm.stop)
+        if warm is not None:
+            self.on_shutdown("warm Gym launcher", warm.stop)
         return warm
 
     def _start_gym(self, model_name: str) -> GymServers:

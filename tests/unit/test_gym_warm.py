@@ -196,3 +196,12 @@ def test_a_launch_from_another_gym_venv_goes_cold(fake_gym_venv, tmp_path, caplo
     assert "it was started for" in caplog.text and not warm.alive()
     assert warm.launch([str(warm.script)], warm.env, tmp_path, tmp_path / "gym.log") is None  # stopped: never reused
     assert os.environ.get("RAY_AUTH_TOKEN") is None  # nothing leaked into the trainer's environment
+
+
+def test_a_warm_launcher_that_cannot_start_is_skipped_with_a_warning(tmp_path, caplog):
+    from nemo_gym_adapter.config import load_config
+
+    cfg = _config(tmp_path, tmp_path / "no-venv")  # no bin/gym, no bin/python
+    with caplog.at_level(logging.WARNING, logger="nemo_gym_adapter.gym_warm"):
+        assert gym_warm.start_warm_for(load_config(cfg, check_files=False).gym, None) is None
+    assert "nemo_gym.warm_launcher: could not start" in caplog.text and "launch cold" in caplog.text
