@@ -201,7 +201,9 @@ class WarmLauncher:
         the reason, when it cannot be used (then it is stopped and the caller launches cold)."""
         why = self._unusable(argv, env)
         if why is not None:
-            logger.warning("warm Gym launcher (%s): %s; launching Gym cold", self.log_path, why)
+            logger.warning(
+                "nemo_gym.warm_launcher: the warm Gym launcher (%s) %s; launching Gym cold", self.log_path, why
+            )
             self.stop()
             return None
         proc = self.proc
@@ -233,13 +235,13 @@ class WarmLauncher:
     def _unusable(self, argv: Sequence[str], env: Mapping[str, str]) -> str | None:
         """Why this process cannot run the launch ``argv`` with ``env``; None when it can (waits for its imports)."""
         if self.proc is None:
-            return "already used" if self.launched else "stopped"
+            return "was already used" if self.launched else "was stopped"
         if not argv or Path(argv[0]) != self.script:
-            return f"the launch runs {argv[0] if argv else '(nothing)'}, it was started for {self.script}"
+            return f"was started for {self.script}, the launch runs {argv[0] if argv else '(nothing)'}"
         differ = env_mismatch(self.env, env)
         if differ:
             return (
-                f"the launch's environment differs from the one it was started with in {differ} (nemo_gym.env, "
+                f"was started with another environment: the launch's differs in {differ} (nemo_gym.env, "
                 "nemo_gym.policy_api_key, the Ray head or the trainer's own environment changed since)"
             )
         return self._wait_ready(READY_TIMEOUT_S)
@@ -255,7 +257,7 @@ class WarmLauncher:
                 code = self.proc.popen.returncode
                 return f"exited with code {code} before its imports were done; last lines:\n{log_tail(self.proc.log_path, 5)}"
             if time.monotonic() >= deadline:
-                return f"imports not done after {timeout:.0f}s"
+                return f"has not finished its imports after {timeout:.0f}s"
         if not self.proc.alive():
             return f"exited with code {self.proc.popen.returncode}; last lines:\n{log_tail(self.proc.log_path, 5)}"
         return None
