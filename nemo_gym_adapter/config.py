@@ -16,6 +16,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       head_port: null                # null: a free port
       gym_venv: null                 # null: paths.gym_venv() (NGV_GYM_VENV)
       ray_head: early                # Gym's Ray: early (started before verl's workers, gym_ray) | gym | host:port
+      warm_launcher: true            # Gym's launcher pre-imported next to the Ray head (gym_warm); false: cold
       run_dir: null                  # Gym's logs and pid file; null: logs/gym/<time>-<port>
       startup_timeout_s: 600
       attach_timeout_s: 60
@@ -108,6 +109,9 @@ class NemoGymConfig(_Section):
     # starts (nemo_gym_adapter.gym_ray) --, gym -- Gym starts its own --, or the host:port of a running one started
     # with Gym's Python version. Ignored when head_url is set.
     ray_head: str = "early"
+    # Start Gym's launcher interpreter early with its imports done (nemo_gym_adapter.gym_warm; ~2 s off Gym's
+    # spin-up); false: Gym's launcher starts cold when Gym starts. Ignored when head_url is set.
+    warm_launcher: bool = True
     run_dir: str | None = None
     startup_timeout_s: float = Field(600.0, gt=0)
     attach_timeout_s: float = Field(60.0, gt=0)

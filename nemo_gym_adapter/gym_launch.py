@@ -170,17 +170,30 @@ def gym_process_env(gym_venv: Path, extra: dict[str, str], base: dict[str, str] 
 
 
 def launch_env(spec: GymLaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Gym's environment (:func:`gym_process_env` with ``spec.env``), the API key, and the Ray settings that keep
-    Gym on a cluster of its own."""
-    env = gym_process_env(spec.gym_venv, spec.env, base)
-    env[API_KEY_ENV] = spec.policy_api_key.get_secret_value()
-    if not spec.ray_head_node_address:
+    """Gym's environment for ``spec`` (:func:`gym_env`)."""
+    return gym_env(spec.gym_venv, spec.env, spec.policy_api_key, spec.ray_head_node_address, spec.ray_auth_token, base)
+
+
+def gym_env(
+    gym_venv: Path,
+    extra: dict[str, str],
+    api_key: SecretStr,
+    ray_address: str | None,
+    ray_token: SecretStr | None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Gym's environment (:func:`gym_process_env` with ``extra``), the API key, and the Ray settings that keep Gym on
+    a cluster of its own; from the parts of a spec it depends on, so a warm launcher (:mod:`gym_warm`) can be given
+    it before the spec exists."""
+    env = gym_process_env(gym_venv, extra, base)
+    env[API_KEY_ENV] = api_key.get_secret_value()
+    if not ray_address:
         # Gym calls ray.init() without an address, which joins the cluster named in /tmp/ray/ray_current_cluster
         # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one.
         env["RAY_ADDRESS"] = "local"
-    elif spec.ray_auth_token is not None:
+    elif ray_token is not None:
         # our own head (gym_ray.GymRayHead): its token, through the environment only
-        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=spec.ray_auth_token.get_secret_value())
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=ray_token.get_secret_value())
     elif "RAY_AUTH_MODE" not in env and (Path.home() / ".ray" / "auth_token").exists():
         # `ray start` (Ray >= 2.5x) enables token auth and writes this token, but a process that only connects
         # stays in "disabled" mode and is refused; say "token" like the cluster (override via spec.env).

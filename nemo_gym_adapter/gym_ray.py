@@ -47,7 +47,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from nemo_gym_adapter import paths
+from nemo_gym_adapter import gym_warm, paths
 from nemo_gym_adapter.config import NemoGymConfig, load_config
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym_launch import gym_package_root, gym_process_env
@@ -258,11 +258,12 @@ def start_head_for(gym: NemoGymConfig) -> GymRayHead:
 @contextlib.contextmanager
 def early_ray_head(config: Any) -> Iterator[GymRayHead | None]:
     """Start Gym's Ray head now, if the trainer config (verl's, with our ``nemo_gym:`` section) wants one, for the
-    rollout manager created later in this process to claim (:func:`claim_early_head`). On exit a head nobody
-    claimed (start-up failed before the manager existed) is stopped; a claimed one is the manager's to stop."""
+    rollout manager created later in this process to claim (:func:`claim_early_head`), and, with
+    ``nemo_gym.warm_launcher``, a warm Gym launcher next to it (``gym_warm.claim_early_warm``). On exit what nobody
+    claimed (start-up failed before the manager existed) is stopped; what was claimed is the manager's to stop."""
     global _EARLY
     gym = load_config(config, check_files=False).gym
-    head = None
+    head = warm = None
     if wants_head(gym):
         head = start_head_for(gym)
         with _EARLY_LOCK:
@@ -270,8 +271,12 @@ def early_ray_head(config: Any) -> Iterator[GymRayHead | None]:
                 _EARLY.stop()
             _EARLY = head
     try:
+        if gym_warm.wants_warm(gym):  # after the head: its environment holds the head's token
+            warm = gym_warm.start_warm_for(gym, head)  # None (cold launch later) if it cannot start
+            gym_warm.park_early(warm)
         yield head
     finally:
+        gym_warm.drop_unclaimed(warm)
         with _EARLY_LOCK:
             unclaimed, _EARLY = (_EARLY, None) if _EARLY is head else (None, _EARLY)
         if unclaimed is not None:

@@ -45,6 +45,7 @@ from nemo_gym_adapter.gym_launch import (
     resolve_config_paths,
 )
 from nemo_gym_adapter.gym_ray import GymRayHead
+from nemo_gym_adapter.gym_warm import WarmLauncher
 from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, free_port, log_tail, session_members
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
@@ -66,14 +67,19 @@ class GymServers(GymHead):
         self.on_restart: list[Callable[[GymServers], None]] = []  # run after each restart (e.g. a new pid file)
         self.ray_head: GymRayHead | None = None  # the Ray head Gym joined (start(ray_head=)); used, not owned
         self.ray_wait_seconds = 0.0  # of startup_seconds: waiting for that head
+        self.warm = False  # launched by a warm launcher (start(warm=)), not cold
 
     @classmethod
-    def start(cls, spec: GymLaunchSpec, ray_head: GymRayHead | None = None) -> GymServers:
+    def start(
+        cls, spec: GymLaunchSpec, ray_head: GymRayHead | None = None, warm: WarmLauncher | None = None
+    ) -> GymServers:
         """Launch Gym and wait until the head reports ready and every server instance answers.
 
         With ``ray_head`` (:class:`gym_ray.GymRayHead`, started earlier), first wait for it and have Gym join it
         (``ray_head_node_address`` and its token) instead of starting a Ray cluster of its own; the wait counts in
         ``startup_seconds`` (``ray_wait_seconds`` alone). The head is used, not owned: :meth:`stop` leaves it.
+        With ``warm`` (:class:`gym_warm.WarmLauncher`), that process runs the launch (its imports already done) and
+        becomes Gym's launcher, owned like a cold one; if it cannot, the launch is cold (it logs why).
 
         Raises ``AdapterConfigError`` for a bad spec (before starting anything) and ``GymServerError`` naming the
         server that is not ready (or the Ray head), with its log tail, on timeout or crash; everything started is
@@ -94,10 +100,13 @@ class GymServers(GymHead):
         launch_yaml = run_dir / "ngv_launch.yaml"
         launch_yaml.write_text(json.dumps(launch_config(spec, head_port, run_dir), indent=1))  # JSON is YAML
         cmd, env = launch_command(spec, config_paths, launch_yaml), launch_env(spec)
-        launcher = SessionProcess(name="NeMo Gym launcher", cmd=cmd, log_path=run_dir / "gym.log", env=env, cwd=run_dir)
+        launcher = warm.launch(cmd, env, run_dir, run_dir / "gym.log") if warm is not None else None
+        warm_used = launcher is not None
+        if launcher is None:
+            launcher = SessionProcess("NeMo Gym launcher", cmd, run_dir / "gym.log", env=env, cwd=run_dir)
         launcher.stop_timeout_s = spec.stop_timeout_s
         gym = cls(f"http://{_connect_host(spec.host)}:{head_port}", launcher=launcher, run_dir=run_dir)
-        gym.ray_head, gym.ray_wait_seconds = ray_head, ray_wait_s
+        gym.ray_head, gym.ray_wait_seconds, gym.warm = ray_head, ray_wait_s, warm_used
         try:
             gym._wait_ready(t0 + spec.startup_timeout_s, spec)
         except BaseException:
@@ -114,7 +123,8 @@ class GymServers(GymHead):
         proxy cannot stop routing to a dead vLLM replica otherwise. Restarts every server: Gym's launcher stops
         all of them anyway within a minute of one dying. Raises ``GymServerError`` for an attached Gym, when no
         replica would be left, or (as :meth:`start`) when the new Gym does not come up. The Ray head Gym joined
-        (``start(ray_head=)``) is reused while it is alive, else restarted first."""
+        (``start(ray_head=)``) is reused while it is alive, else restarted first. The launch is cold (a warm
+        launcher serves one launch: ``gym_warm``)."""
         if self._launcher is None or self.spec is None:
             raise GymServerError(f"Gym at {self.head_url} was not started by us; it cannot be restarted")
         spec = self.spec
@@ -132,7 +142,7 @@ class GymServers(GymHead):
         # run_dir stays the first one (pid file, sweep); the new launcher logs under restart<n>/.
         self._launcher, self.spec, self._config = new._launcher, new.spec, None
         self.head_url, self.startup_seconds = new.head_url, new.startup_seconds
-        self.ray_wait_seconds = new.ray_wait_seconds
+        self.ray_wait_seconds, self.warm = new.ray_wait_seconds, new.warm
         logger.warning(
             "Gym restarted (%d) in %.1fs at %s, replicas %s",
             self.restarts,

@@ -97,6 +97,7 @@ class ManagedProcess:
         log_path: Path | str,
         env: Mapping[str, str] | None = None,
         cwd: Path | str | None = None,
+        stdin: int = subprocess.DEVNULL,
     ) -> None:
         self.name = name
         self.cmd = list(cmd)
@@ -110,7 +111,7 @@ class ManagedProcess:
             self.cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,  # subprocess.PIPE: a warm Gym launcher's command channel (gym_warm)
             env=dict(env) if env is not None else None,
             cwd=str(cwd) if cwd is not None else None,
             start_new_session=True,
@@ -184,6 +185,8 @@ class ManagedProcess:
             except (ProcessLookupError, PermissionError):
                 pass
         kill_tree(pids, timeout=timeout)
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            self.popen.stdin.close()
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:

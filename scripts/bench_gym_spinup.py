@@ -17,11 +17,14 @@ Variants, each run ``--repeat`` times, one Gym alive at a time:
               path, including any wait for the head. Ray's own start (watched from a thread) and the total (overlap
               + critical path) are printed too. The sleep is idle: on a real run the head's start competes for the
               CPUs with verl's start-up, which this variant does not show (the head's CPU seconds are printed).
+- ``warm``    ``early`` plus a warm Gym launcher (``gym_warm.WarmLauncher``, ``nemo_gym.warm_launcher: true``, the
+              default) started right after the head: Gym's launcher imports during the overlap, and
+              ``GymServers.start(spec, ray_head=head, warm=warm)`` is timed to ready the same way.
 
 Without ``--vllm`` Gym is pointed at a dead model URL and told not to wait for it, so only Gym is timed. With
 ``--vllm`` a tiny-qwen25 vLLM is started first (timed) and one ``/run`` is timed on every Gym.
 
-    .venv/bin/python scripts/bench_gym_spinup.py [--repeat 2] [--variants ours,by-hand,ray-up,early] [--vllm]
+    .venv/bin/python scripts/bench_gym_spinup.py [--repeat 2] [--variants ours,by-hand,ray-up,early,warm] [--vllm]
                                                  [--overlap-s 5]
 """
 
@@ -43,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nemo_gym_adapter import paths  # noqa: E402
 from nemo_gym_adapter.gym_ray import GymRayHead  # noqa: E402
 from nemo_gym_adapter.gym_servers import GymServers  # noqa: E402
+from nemo_gym_adapter.gym_warm import WarmLauncher  # noqa: E402
 from nemo_gym_adapter.procs import SessionProcess, free_port  # noqa: E402
 from tests.support.gym_fixtures import (  # noqa: E402
     SINGLE_TOOL_CALL_AGENT,
@@ -65,14 +69,24 @@ def _post_run(url: str) -> float:
     return time.monotonic() - t0
 
 
-def bench_ours(
-    base_url: str, model: str, ray_head: GymRayHead | None, with_run: bool
-) -> tuple[float, float | None, float]:
-    """(spin-up s, one /run s or None, s of it waiting for ``ray_head``)."""
-    spec = single_tool_call_spec(
+def _spec(base_url: str, model: str, with_run: bool):
+    return single_tool_call_spec(
         [base_url], model, startup_timeout_s=600, config_overrides={} if with_run else NO_MODEL_WAIT
     )
-    with GymServers.start(spec, ray_head=ray_head) as gym:
+
+
+def start_warm(base_url: str, model: str, with_run: bool, head: GymRayHead) -> WarmLauncher:
+    """A warm launcher with the environment Gym will get when it joins ``head`` (as ``gym_warm.start_warm_for``)."""
+    return WarmLauncher.for_spec(_spec(base_url, model, with_run), head)
+
+
+def bench_ours(
+    base_url: str, model: str, ray_head: GymRayHead | None, with_run: bool, warm: WarmLauncher | None = None
+) -> tuple[float, float | None, float]:
+    """(spin-up s, one /run s or None, s of it waiting for ``ray_head``)."""
+    with GymServers.start(_spec(base_url, model, with_run), ray_head=ray_head, warm=warm) as gym:
+        if warm is not None and not gym.warm:
+            raise SystemExit(f"the warm launcher was not used (see the warning above; its log: {warm.log_path})")
         CPU_SECONDS.append(_cpu_seconds(gym.pids()))
         run_s = _post_run(gym.run_url(SINGLE_TOOL_CALL_AGENT)) if with_run else None
         assert gym.startup_seconds is not None
@@ -147,7 +161,7 @@ def ray_head(watch: bool):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--variants", default="ours,by-hand,ray-up,early")
+    parser.add_argument("--variants", default="ours,by-hand,ray-up,early,warm")
     parser.add_argument(
         "--overlap-s",
         type=float,
@@ -161,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[float]] = {v: [] for v in variants}
     ray_start: list[float] = []  # Ray head's own start (ray-up, early)
     head_cpu: list[float] = []  # CPU seconds the head used to come up
-    early_total: list[float] = []  # early: overlap + critical path
+    early_total: dict[str, list[float]] = {}  # early, warm: overlap + critical path
+    load_by: dict[str, list[float]] = {}  # 1-min load average at each start, per variant
     runs: list[float] = []
     load_seen: list[float] = []
     with contextlib.ExitStack() as stack:
@@ -178,24 +193,32 @@ def main(argv: list[str] | None = None) -> int:
             for variant in variants:
                 load = os.getloadavg()[0]
                 load_seen.append(load)
+                load_by.setdefault(variant, []).append(load)
                 note = ""
                 if variant == "ours":
                     secs, run_s, _ = bench_ours(base_url, model, None, args.vllm)
                 elif variant == "by-hand":
                     secs, run_s = bench_by_hand(base_url, model), None
-                elif variant in ("ray-up", "early"):
-                    with ray_head(watch=variant == "early") as head:
-                        if variant == "ray-up":
-                            head.wait_ready(300)
-                        else:
-                            time.sleep(args.overlap_s)  # verl's own start-up
-                        secs, run_s, waited = bench_ours(base_url, model, head, args.vllm)
+                elif variant in ("ray-up", "early", "warm"):
+                    with ray_head(watch=variant != "ray-up") as head:
+                        warm = start_warm(base_url, model, args.vllm, head) if variant == "warm" else None
+                        try:
+                            if variant == "ray-up":
+                                head.wait_ready(300)
+                            else:
+                                time.sleep(args.overlap_s)  # verl's own start-up
+                            secs, run_s, waited = bench_ours(base_url, model, head, args.vllm, warm)
+                        finally:
+                            if warm is not None:
+                                warm.stop()
                         assert head.start_seconds is not None
                         ray_start.append(head.start_seconds)
                         head_cpu.append(_cpu_seconds(head.pids()))
                         note = f", Ray head up in {head.start_seconds:.1f} s"
-                        if variant == "early":
-                            early_total.append(args.overlap_s + secs)
+                        if warm is not None:
+                            note += f", warm launcher's imports done {warm.ready_seconds or 0:.1f} s after its start"
+                        if variant != "ray-up":
+                            early_total.setdefault(variant, []).append(args.overlap_s + secs)
                             note += (
                                 f", waited {waited:.1f} s for it; total with the overlap {args.overlap_s + secs:.1f} s"
                             )
@@ -210,16 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     for variant, secs in results.items():
         if secs:
             rel = ""
-            for base in ("by-hand", "ours"):
-                if results.get(base) and variant not in ("by-hand", base):
+            for base in ("by-hand", "ours", "early"):
+                if results.get(base) and variant not in ("by-hand", base) and (base != "early" or variant == "warm"):
                     rel += f", {statistics.median(secs) / statistics.median(results[base]):.2f}x {base}"
+            load = statistics.median(load_by[variant])
             print(
-                f"  {variant:8s} {statistics.median(secs):5.1f} s ({min(secs):.1f}-{max(secs):.1f}) over {len(secs)}{rel}"
+                f"  {variant:8s} {statistics.median(secs):5.1f} s ({min(secs):.1f}-{max(secs):.1f}) over {len(secs)}, "
+                f"load {load:.1f}{rel}"
             )
-    if early_total:
+    for variant, totals in early_total.items():
         print(
-            f"  early: critical path above; with the {args.overlap_s:.0f} s overlap (verl's start-up) total "
-            f"{statistics.median(early_total):.1f} s ({min(early_total):.1f}-{max(early_total):.1f})"
+            f"  {variant}: critical path above; with the {args.overlap_s:.0f} s overlap (verl's start-up) total "
+            f"{statistics.median(totals):.1f} s ({min(totals):.1f}-{max(totals):.1f})"
         )
     if ray_start:
         print(

@@ -35,7 +35,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_gym_adapter import gym_ray, paths
+from nemo_gym_adapter import gym_ray, gym_warm, paths
 from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.config_resolvers import register_resolvers
 from nemo_gym_adapter.errors import AdapterConfigError
@@ -46,6 +46,7 @@ CONFIG_DIR = str(paths.REPO_ROOT / "configs")
 DEFAULT_CONFIG = "nemo_gym_cpu"
 PID_FILE = "gym.pid"  # = recipe.nemo_gym.manager_base.PID_FILE (not imported: that module imports verl)
 RAY_PID_FILE = gym_ray.PID_FILE  # Gym's Ray head started early
+WARM_PID_FILE = gym_warm.PID_FILE  # a warm Gym launcher still waiting for its launch
 
 # Hydra composes the config before calling main(); the resolvers must exist by the time anything reads it.
 register_resolvers()
@@ -147,8 +148,9 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def sweep_gym(run_dir: Path | None) -> list[int]:
-    """Stop whatever Gym processes the manager recorded and did not stop itself -- Gym (``gym.pid``) and its Ray head
-    (``gym_ray.pid``, ``nemo_gym_adapter.gym_ray``) --; return the pids stopped.
+    """Stop whatever Gym processes the manager recorded and did not stop itself -- Gym (``gym.pid``), its Ray head
+    (``gym_ray.pid``, ``nemo_gym_adapter.gym_ray``) and a warm launcher (``gym_warm.pid``) --; return the pids
+    stopped.
 
     The manager removes a pid file when it stops what it names, so normally there is nothing to do. Pids are checked
     against the recorded session ids, never matched by name.
@@ -157,7 +159,8 @@ def sweep_gym(run_dir: Path | None) -> list[int]:
         return []
     from nemo_gym_adapter.procs import sweep_pid_record
 
-    return sorted(p for name in (PID_FILE, RAY_PID_FILE) for p in sweep_pid_record(run_dir / name, "Gym"))
+    records = (PID_FILE, RAY_PID_FILE, WARM_PID_FILE)
+    return sorted(p for name in records for p in sweep_pid_record(run_dir / name, "Gym"))
 
 
 def _shutdown_ray() -> None:

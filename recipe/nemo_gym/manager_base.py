@@ -14,7 +14,9 @@ the v1 trainer in ``main_ppo.init_agent_loop_manager``. :class:`GymManagerBase` 
    launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright.
    With ``nemo_gym.ray_head: early`` (the default) Gym joins a Ray head from Gym's venv
    (:mod:`nemo_gym_adapter.gym_ray`) that the task runner started before verl's workers (claimed here) or, when
-   there is none, that :meth:`GymManagerBase.start` starts before step 1, so it comes up during steps 1-3;
+   there is none, that :meth:`GymManagerBase.start` starts before step 1, so it comes up during steps 1-3; Gym's
+   launcher likewise runs in a warm launcher started next to that head (``nemo_gym.warm_launcher``,
+   :mod:`nemo_gym_adapter.gym_warm`);
 5. build the trainer-agnostic :class:`~nemo_gym_adapter.rollout_core.RolloutCore` over the running Gym, with its
    liveness check (``nemo_gym.on_server_down``; :mod:`nemo_gym_adapter.liveness`).
 
@@ -48,6 +50,7 @@ from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym_ray import GymRayHead, claim_early_head, start_head_for, wants_head
 from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.gym_warm import WarmLauncher, claim_early_warm, start_warm_for, wants_warm
 from nemo_gym_adapter.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
 from nemo_gym_adapter.procs import write_pid_record
@@ -86,6 +89,7 @@ class GymManagerBase:
         self.recipe: RecipeConfig = load_config(config, check_files=False)
         self.gym: GymServers | None = None
         self.ray_head: GymRayHead | None = None  # Gym's Ray head (nemo_gym.ray_head: early), stopped at shutdown
+        self.warm: WarmLauncher | None = None  # Gym's launcher, pre-imported (nemo_gym.warm_launcher)
         self.core: RolloutCore | None = None
         self.replicas: dict[str, str] = {}  # "ip:port" -> server actor name
         self.replica_endpoints: list[ReplicaEndpoint] = []  # per replica, in verl's order
@@ -119,6 +123,7 @@ class GymManagerBase:
         """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
         t0 = time.perf_counter()
         self.ray_head = self._claim_ray_head()  # first: it comes up while the replicas are found and patched
+        self.warm = self._claim_warm()  # next: it imports meanwhile
         self.replica_endpoints, handles = find_replicas(self.llm_client)
         self.replica_handles = dict(handles)
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
@@ -151,6 +156,16 @@ class GymManagerBase:
         self.on_shutdown("Gym's Ray head", head.stop)
         return head
 
+    def _claim_warm(self) -> WarmLauncher | None:
+        """The warm Gym launcher (``nemo_gym.warm_launcher``): the task runner's, else a new one; stopped at shutdown
+        unless Gym took it over. None when Gym is attached or it is switched off."""
+        if not wants_warm(self.recipe.gym):
+            return None
+        warm = claim_early_warm() or start_warm_for(self.recipe.gym, self.ray_head)
+        if warm is not None:
+            self.on_shutdown("warm Gym launcher", warm.stop)
+        return warm
+
     def _start_gym(self, model_name: str) -> GymServers:
         gym = self.recipe.gym
         urls = [ep.url for ep in self.replica_endpoints]
@@ -168,7 +183,7 @@ class GymManagerBase:
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
         logger.info("Gym listens on %s: %s", self.gym_host.host, self.gym_host.reason)
         spec = gym_launch_spec(gym, urls, model_name, host=self.gym_host.host)
-        started = GymServers.start(spec, ray_head=self.ray_head)
+        started = GymServers.start(spec, ray_head=self.ray_head, warm=self.warm)
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
         started.on_restart.append(write_pid_file)

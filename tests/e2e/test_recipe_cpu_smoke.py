@@ -170,6 +170,10 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     # nemo_gym.ray_head: early (the default): Gym joined the Ray head the task runner started; it is stopped too
     assert "Connecting to Ray cluster at specified address: 127.0.0.1:" in (run_dir / "gym.log").read_text()
     assert not (run_dir / "gym_ray.pid").exists()
+    # nemo_gym.warm_launcher (the default): the launch ran in the warm launcher started next to that head
+    warm_logs = "".join(p.read_text() for p in (run_dir).glob("gym_warm-*.log"))
+    assert "warm Gym launcher: launch received" in warm_logs, warm_logs[-2000:]
+    assert not (run_dir / "gym_warm.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 

@@ -169,30 +169,80 @@ CHILD = textwrap.dedent(
     """
     import json, sys, time
     from nemo_gym_adapter.gym_launch import GymLaunchSpec
+    from nemo_gym_adapter.gym_ray import GymRayHead
     from nemo_gym_adapter.gym_servers import GymServers
-    gym = GymServers.start(GymLaunchSpec.model_validate_json(sys.argv[1]))
-    print(json.dumps({"head_url": gym.head_url, "pids": sorted(gym.pids())}), flush=True)
+    from nemo_gym_adapter.gym_warm import WarmLauncher
+    spec, mode = GymLaunchSpec.model_validate_json(sys.argv[1]), sys.argv[2]
+    if mode == "cold":  # Gym starts its own Ray cluster
+        gym = GymServers.start(spec)
+        print(json.dumps({"head_url": gym.head_url, "pids": sorted(gym.pids())}), flush=True)
+    else:  # the trainer's default: an early Ray head and a warm launcher next to it, recorded in the run dir
+        head = GymRayHead.start(run_dir=spec.run_dir)
+        warm = WarmLauncher.for_spec(spec, head)
+        if mode == "warm-waiting":  # killed before Gym starts: the warm launcher still waits for its launch
+            head.wait_ready(300)
+            warm._wait_ready(300)
+            print(json.dumps({"warm": sorted(warm.pids()), "pids": sorted(head.pids() | warm.pids())}), flush=True)
+        else:
+            gym = GymServers.start(spec, ray_head=head, warm=warm)
+            assert gym.warm, warm.log_path
+            pids = sorted(gym.pids() | head.pids())
+            print(json.dumps({"head_url": gym.head_url, "pids": pids}), flush=True)
     time.sleep(900)
     """
 )
 
 
-def test_sigterm_to_the_trainer_stops_gym_and_ray(tmp_path):
+@pytest.mark.parametrize("mode", ["cold", "warm", "warm-waiting"])
+def test_sigterm_to_the_trainer_stops_gym_and_ray(tmp_path, mode):
+    """SIGTERM to the trainer stops everything of Gym: a cold launch and its own Ray; the early Ray head with Gym
+    launched by the warm launcher; the head and a warm launcher still waiting for its launch."""
     spec = single_tool_call_spec(
         [_dead_url()], "m", run_dir=tmp_path / "run", startup_timeout_s=START_TIMEOUT_S, config_overrides=NO_MODEL_WAIT
     )
     spec_json = spec.model_dump_json(exclude={"policy_api_key"})
-    child = subprocess.Popen([sys.executable, "-c", CHILD, spec_json], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, spec_json, mode], stdout=subprocess.PIPE, text=True)
     try:
         with PidRecorder() as rec:
             line = _readline(child, timeout=START_TIMEOUT_S + 30)
             info = json.loads(line)
-            GymServers.attach(info["head_url"], timeout=10)
+            if "head_url" in info:
+                GymServers.attach(info["head_url"], timeout=10)
             assert "raylet" in _cmdlines(info["pids"])
+            if mode == "warm-waiting":
+                assert "gym_warm_boot.py" in _cmdlines(info["warm"])
             child.send_signal(signal.SIGTERM)
             assert child.wait(timeout=60) == -signal.SIGTERM
         pids = set(info["pids"]) | rec.seen
         assert wait_gone(pids, 15.0) == [], _cmdlines(alive_pids(pids))
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_a_sigkilled_trainers_warm_launcher_exits_by_itself_and_the_driver_sweeps_the_rest(tmp_path):
+    """SIGKILL leaves no handler to run: the waiting warm launcher sees its stdin close and exits on its own; the Ray
+    head is left for the driver's sweep of the run dir's pid records (recipe.nemo_gym.main.sweep_gym)."""
+    from recipe.nemo_gym.main import sweep_gym
+
+    run_dir = tmp_path / "run"
+    spec = single_tool_call_spec([_dead_url()], "m", run_dir=run_dir, config_overrides=NO_MODEL_WAIT)
+    spec_json = spec.model_dump_json(exclude={"policy_api_key"})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, spec_json, "warm-waiting"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with PidRecorder() as rec:
+            info = json.loads(_readline(child, timeout=START_TIMEOUT_S))
+            assert (run_dir / "gym_warm.pid").exists() and (run_dir / "gym_ray.pid").exists()
+            child.kill()
+            child.wait(timeout=30)
+            assert wait_gone(set(info["warm"]), 15.0) == [], _cmdlines(info["warm"])
+            assert alive_pids(set(info["pids"]) - set(info["warm"]))  # the head outlives a SIGKILLed trainer...
+            assert sweep_gym(run_dir)  # ... until the driver sweeps it
+        pids = set(info["pids"]) | rec.seen
+        assert wait_gone(pids, 15.0) == [], _cmdlines(alive_pids(pids))
+        assert not (run_dir / "gym_warm.pid").exists() and not (run_dir / "gym_ray.pid").exists()
     finally:
         if child.poll() is None:
             child.kill()
@@ -238,3 +288,82 @@ def test_gym_joins_an_early_ray_head_a_restart_reuses_it_and_nothing_is_left(tmp
             head.stop()
     assert wait_gone(rec.seen, 15.0) == [], _cmdlines(alive_pids(rec.seen))
     assert head.temp_dir is not None and not head.temp_dir.exists()
+
+
+def _normalised(value, run_dir: str):
+    """``value`` (Gym's global config) with ``run_dir`` spelled <run> and every port 0 (the ports Gym picked, listed
+    in ``disallowed_ports``, only counted): what two launches of one spec share."""
+    if isinstance(value, dict):
+        ports = {"port": lambda v: 0, "disallowed_ports": len}
+        return {k: ports[k](v) if k in ports else _normalised(v, run_dir) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalised(v, run_dir) for v in value]
+    return value.replace(run_dir, "<run>") if isinstance(value, str) else value
+
+
+def _differences(a, b, path: str = "") -> list[str]:
+    """Where ``a`` and ``b`` differ, as ``path: a != b`` lines."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def _launch_facts(gym: GymServers) -> dict:
+    """What a launch must have in common with another of the same spec (cwd-derived state included)."""
+    run_dir = str(gym.run_dir)
+    launcher = psutil.Process(gym._launcher.pid)
+    from nemo_gym_adapter.gym_head import http_get
+
+    servers = {}
+    for inst in json.loads(http_get(f"{gym.head_url}/server_instances")[1]):  # Gym lists each server's pid there
+        proc = psutil.Process(inst["pid"])
+        env = proc.environ()
+        servers[inst["process_name"]] = {
+            "cwd": proc.cwd().replace(run_dir, "<run>"),
+            "HF_HOME": env.get("HF_HOME", "").replace(run_dir, "<run>"),  # nemo_gym/__init__ derives it from the cwd
+            "env_keys": sorted(k for k in env if not k.startswith("NEMO_GYM_OTEL")),
+        }
+    return {
+        "config": _normalised(gym.global_config(), run_dir),
+        "launcher_cwd": launcher.cwd().replace(run_dir, "<run>"),
+        "launcher_exe": launcher.exe(),
+        "servers": servers,
+        "server_logs": sorted(p.name for p in (gym.run_dir / "servers").glob("*.log")),
+        "log_head": gym.log_path.read_text().lstrip("\n").split(" +config_paths=")[0],
+    }
+
+
+def test_a_warm_launch_starts_the_same_gym_as_a_cold_one_and_nothing_is_left(tmp_path):
+    """``nemo_gym.warm_launcher``: Gym launched by the warm launcher (imports done before the launch) has the same
+    global config (ports and run dir aside), servers, server environments (HF_HOME derived from the cwd), working
+    directories, interpreter, log header and server logs as a cold ``gym env start`` of the same spec, both joining
+    one early Ray head; a restart launches cold; nothing is left after either."""
+    from nemo_gym_adapter.gym_ray import GymRayHead
+    from nemo_gym_adapter.gym_warm import WarmLauncher
+
+    facts = {}
+    with PidRecorder() as rec:
+        head = GymRayHead.start(run_dir=tmp_path)
+        try:
+            for kind in ("cold", "warm"):
+                spec = single_tool_call_spec(
+                    [_dead_url()],
+                    "m",
+                    run_dir=tmp_path / kind,
+                    startup_timeout_s=START_TIMEOUT_S,
+                    config_overrides=NO_MODEL_WAIT,
+                )
+                spec = spec.model_copy(update={"policy_base_url": ["http://127.0.0.1:9/v1"]})  # one URL for both
+                # started elsewhere (as without nemo_gym.run_dir): Gym's cwd comes with the launch
+                warm = WarmLauncher.for_spec(spec, head, run_dir=tmp_path / "warm-own") if kind == "warm" else None
+                with GymServers.start(spec, ray_head=head, warm=warm) as gym:
+                    assert gym.warm == (kind == "warm"), warm and warm.log_path
+                    facts[kind] = _launch_facts(gym)
+                    if kind == "warm":
+                        gym.restart()
+                        assert not gym.warm and gym.server_instances()  # one launch per warm launcher
+        finally:
+            head.stop()
+    assert _differences(facts["warm"], facts["cold"]) == []
+    assert facts["cold"]["servers"] and facts["cold"]["launcher_cwd"] == "<run>"
+    assert wait_gone(rec.seen, 15.0) == [], _cmdlines(alive_pids(rec.seen))

@@ -204,6 +204,8 @@ def test_start_mode_replicas_on_their_own_hosts_patched_and_gym_on_loopback(bed,
         # Gym joined the Ray head started from Gym's venv on host 1 (nemo_gym.ray_head: early), over loopback
         assert manager.ray_head is not None and manager.gym.ray_head is manager.ray_head
         assert manager.gym.spec.ray_head_node_address == manager.ray_head.address
+        # ... and Gym's launch ran in the warm launcher started next to it (nemo_gym.warm_launcher, the default)
+        assert manager.gym.warm, manager.warm
         rollout_s = _rollouts(cfg, manager)
         print(f"start mode: manager {manager.setup_seconds}, rollouts {rollout_s:.1f}s")
         gym_pids = manager.gym.pids() | manager.ray_head.pids()

@@ -27,6 +27,7 @@ import pytest
 
 from nemo_gym_adapter.gym_ray import GymRayHead
 from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.gym_warm import WarmLauncher
 from nemo_gym_adapter.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.procs import descendants
 from nemo_gym_adapter.rollout_client import RolloutClientConfig
@@ -68,10 +69,13 @@ def gym(vllm_server, replica_b, tmp_path_factory) -> Iterator[GymServers]:
         env={"RAY_TMPDIR": str(ray_tmp)},
     )
     head = GymRayHead.start()  # as the trainer does by default (nemo_gym.ray_head: early); restarts reuse it
+    warm = WarmLauncher.for_spec(spec, head)  # and a warm launcher next to it (nemo_gym.warm_launcher); restarts cold
     try:
-        with GymServers.start(spec, ray_head=head) as servers:
+        with GymServers.start(spec, ray_head=head, warm=warm) as servers:
+            assert servers.warm, warm.log_path
             yield servers
     finally:
+        warm.stop()
         head.stop()
 
 
@@ -240,6 +244,7 @@ def check_clean_restart(gym: GymServers, core: RolloutCore) -> None:
     step, t0, t_end = run_step(core, rows, envs)
     assert gym.restarts == before + 1 and core.liveness.restarts == core_before + 1
     assert gym.ray_head.proc.pid == head_pid and gym.ray_head.alive()  # the new Gym joined the same Ray head
+    assert not gym.warm  # a warm launcher serves one launch: restarts are cold (gym_warm)
     masked = [(r.index, r.trajectory.masked_reason, r.trajectory.detail) for r in step.rows if r.trajectory.masked]
     assert not masked, masked
     print(f"[server_down] step after the restart: {t_end - t0:.1f}s, Gym start {gym.startup_seconds:.1f}s")

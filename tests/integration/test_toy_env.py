@@ -54,8 +54,16 @@ def toy_spec(vllm_server) -> GymLaunchSpec:
 
 @pytest.fixture(scope="module")
 def toy_gym(toy_spec) -> GymServers:
-    with GymServers.start(toy_spec) as gym:
-        yield gym
+    from nemo_gym_adapter.gym_warm import WarmLauncher
+
+    # launched by a warm launcher (nemo_gym.warm_launcher, the default), here with Gym's own Ray (ray_head: gym)
+    warm = WarmLauncher.for_spec(toy_spec)
+    try:
+        with GymServers.start(toy_spec, warm=warm) as gym:
+            assert gym.warm, warm.log_path
+            yield gym
+    finally:
+        warm.stop()
 
 
 @pytest.fixture(scope="module")

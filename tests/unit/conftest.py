@@ -28,6 +28,15 @@ def fake_gym_venv(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def light_warm_launchers(monkeypatch):
+    """Warm Gym launchers (``gym_warm``, on by default) started by unit tests run the fake Gym with the trainer's
+    Python: they pre-import one stdlib module, not Gym's third-party stack (seconds of imports per test)."""
+    from nemo_gym_adapter import gym_warm
+
+    monkeypatch.setattr(gym_warm, "PRELOAD", ("json",))
+
+
+@pytest.fixture(autouse=True)
 def isolated_datasets_cache(tmp_path_factory, monkeypatch):
     """Every unit test gets an empty ``HF_DATASETS_CACHE``: the Gym dataset's validated-rows cache
     (:mod:`nemo_gym_adapter.dataset_store`) never reads or fills the user's, and no test hits another's entries."""

@@ -125,3 +125,17 @@ def test_manager_starts_the_ray_head_when_the_runner_did_not_and_stops_it_at_shu
     for section in ({"ray_head": "gym"}, {"head_url": "http://h:1", "config_paths": []}):
         cfg["nemo_gym"].update(section)
         assert FakeManager(cfg, llm_client=None)._claim_ray_head() is None
+
+
+def test_manager_starts_a_warm_launcher_next_to_the_head_and_stops_it_at_shutdown(cfg, fake_gym_venv, tmp_path):
+    cfg["nemo_gym"].update(gym_venv=str(fake_gym_venv), run_dir=str(tmp_path / "gym"))
+    manager = FakeManager(cfg, llm_client=None)
+    manager.ray_head = manager._claim_ray_head()
+    warm = manager._claim_warm()
+    assert warm is not None and warm.alive() and manager.ray_head is not None
+    assert warm.env["RAY_AUTH_TOKEN"] == manager.ray_head.auth_token.get_secret_value()  # joins that head
+    manager.shutdown()
+    assert not warm.alive() and not manager.ray_head.alive()
+    for section in ({"warm_launcher": False}, {"head_url": "http://h:1", "config_paths": []}):
+        cfg["nemo_gym"].update(section)
+        assert FakeManager(cfg, llm_client=None)._claim_warm() is None
