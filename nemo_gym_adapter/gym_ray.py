@@ -52,6 +52,7 @@ from nemo_gym_adapter.config import NemoGymConfig, load_config
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym_launch import gym_package_root, gym_process_env
 from nemo_gym_adapter.procs import (
+    EarlySlot,
     LogWatch,
     SessionProcess,
     alive,
@@ -238,8 +239,7 @@ class GymRayHead:
 
 # --------------------------------------------------------------------------------- the trainer's early start
 
-_EARLY: GymRayHead | None = None  # started by early_ray_head(), not yet claimed by a manager of this process
-_EARLY_LOCK = threading.Lock()
+_EARLY: EarlySlot[GymRayHead] = EarlySlot()  # started by early_ray_head(), not yet claimed by a manager here
 
 
 def wants_head(gym: NemoGymConfig) -> bool:
@@ -261,34 +261,25 @@ def early_ray_head(config: Any) -> Iterator[GymRayHead | None]:
     rollout manager created later in this process to claim (:func:`claim_early_head`), and, with
     ``nemo_gym.warm_launcher``, a warm Gym launcher next to it (``gym_warm.claim_early_warm``). On exit what nobody
     claimed (start-up failed before the manager existed) is stopped; what was claimed is the manager's to stop."""
-    global _EARLY
     gym = load_config(config, check_files=False).gym
     head = warm = None
     if wants_head(gym):
         head = start_head_for(gym)
-        with _EARLY_LOCK:
-            if _EARLY is not None:
-                _EARLY.stop()
-            _EARLY = head
+        _EARLY.park(head)
     try:
         if gym_warm.wants_warm(gym):  # after the head: its environment holds the head's token
             warm = gym_warm.start_warm_for(gym, head)  # None (cold launch later) if it cannot start
-            gym_warm.park_early(warm)
+            gym_warm.EARLY.park(warm)
         yield head
     finally:
-        gym_warm.drop_unclaimed(warm)
-        with _EARLY_LOCK:
-            unclaimed, _EARLY = (_EARLY, None) if _EARLY is head else (None, _EARLY)
-        if unclaimed is not None:
-            unclaimed.stop()
+        gym_warm.EARLY.drop(warm)
+        _EARLY.drop(head)
 
 
 def claim_early_head() -> GymRayHead | None:
     """The head :func:`early_ray_head` started in this process (the caller now owns it and stops it), restarted
     first if it died; None when there is none."""
-    global _EARLY
-    with _EARLY_LOCK:
-        head, _EARLY = _EARLY, None
+    head = _EARLY.claim()
     if head is not None and not head.alive():
         logger.warning("Gym's Ray head started early is gone (log %s); starting a new one", head.log_path)
         head.restart()

@@ -34,7 +34,6 @@ import logging
 import re
 import shlex
 import subprocess
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,7 +45,15 @@ from nemo_gym_adapter import gym_warm_boot, paths
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym_launch import GymLaunchSpec, gym_env
-from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, log_tail, session_members, write_pid_record
+from nemo_gym_adapter.procs import (
+    EarlySlot,
+    LogWatch,
+    SessionProcess,
+    alive,
+    log_tail,
+    session_members,
+    write_pid_record,
+)
 
 if TYPE_CHECKING:
     from nemo_gym_adapter.gym_ray import GymRayHead
@@ -279,8 +286,7 @@ class WarmLauncher:
 
 # --------------------------------------------------------------------------------- the trainer's early start
 
-_EARLY: WarmLauncher | None = None  # started next to the early Ray head, not yet claimed by a manager
-_EARLY_LOCK = threading.Lock()
+EARLY: EarlySlot[WarmLauncher] = EarlySlot()  # started next to the early Ray head, not yet claimed by a manager
 
 
 def wants_warm(gym: NemoGymConfig) -> bool:
@@ -300,10 +306,8 @@ def start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher 
 
 def _start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher:
     gym_venv = Path(gym.gym_venv) if gym.gym_venv else paths.gym_venv()
-    address: str | None = None if gym.ray_head in ("early", "gym") else gym.ray_head
-    token: SecretStr | None = None
-    if head is not None:
-        address, token = head.address, head.auth_token
+    token: SecretStr | None
+    address, token = (head.address, head.auth_token) if head else (gym.external_ray_head, None)
     env = gym_env(gym_venv, dict(gym.env), gym.policy_api_key, address, token)
     run_dir = Path(gym.run_dir) if gym.run_dir else None
     if run_dir is not None:
@@ -311,27 +315,6 @@ def _start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher
     return WarmLauncher.start(gym_venv, env, run_dir)
 
 
-def park_early(warm: WarmLauncher | None) -> None:
-    """Keep ``warm`` for :func:`claim_early_warm` (a manager created later in this process)."""
-    global _EARLY
-    with _EARLY_LOCK:
-        previous, _EARLY = _EARLY, warm
-    if previous is not None and previous is not warm:
-        previous.stop()
-
-
-def drop_unclaimed(warm: WarmLauncher | None) -> None:
-    """Stop ``warm`` if nobody claimed it (start-up failed before the manager existed)."""
-    global _EARLY
-    with _EARLY_LOCK:
-        unclaimed, _EARLY = (_EARLY, None) if warm is not None and _EARLY is warm else (None, _EARLY)
-    if unclaimed is not None:
-        unclaimed.stop()
-
-
 def claim_early_warm() -> WarmLauncher | None:
     """The warm launcher started early in this process (the caller now owns it), or None."""
-    global _EARLY
-    with _EARLY_LOCK:
-        warm, _EARLY = _EARLY, None
-    return warm
+    return EARLY.claim()

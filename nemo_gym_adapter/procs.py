@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 from nemo_gym_adapter.errors import ServerError
 
@@ -371,3 +372,46 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Stoppable)
+
+
+class EarlySlot(Generic[S]):
+    """One server started early in this process (a task runner, before verl's workers) for an owner created later
+    (the rollout manager) to claim; what is replaced or never claimed is stopped. Gym's Ray head
+    (``gym_ray.early_ray_head``) and the warm Gym launcher (``gym_warm``) each have one."""
+
+    def __init__(self) -> None:
+        self._parked: S | None = None
+        self._lock = threading.Lock()
+
+    def park(self, server: S | None) -> None:
+        """Keep ``server`` for :meth:`claim`; a different one parked before is stopped."""
+        with self._lock:
+            previous, self._parked = self._parked, server
+        if previous is not None and previous is not server:
+            previous.stop()
+
+    def drop(self, server: S | None) -> None:
+        """Stop ``server`` if it is still parked (nobody claimed it: start-up failed before the owner existed)."""
+        with self._lock:
+            unclaimed = self._parked if server is not None and self._parked is server else None
+            if unclaimed is not None:
+                self._parked = None
+        if unclaimed is not None:
+            unclaimed.stop()
+
+    def claim(self) -> S | None:
+        """The parked server, now the caller's to stop, or None."""
+        with self._lock:
+            server, self._parked = self._parked, None
+        return server
+
+    def peek(self) -> S | None:
+        """The parked server, left parked (tests)."""
+        return self._parked

@@ -183,7 +183,7 @@ def test_early_start_holds_the_heads_token_is_claimed_or_stopped(fake_gym_venv, 
 
 def claim_early_warm_pids() -> set[int]:
     """The pids of the parked warm launcher, leaving it parked (unclaimed)."""
-    warm = gym_warm._EARLY
+    warm = gym_warm.EARLY.peek()
     assert warm is not None and warm.alive()
     return warm.pids()
 
