@@ -94,6 +94,9 @@ class LivenessSection(_Section):
     max_restarts: int = Field(3, ge=0, description="Gym restarts per run under on_server_down=restart")
 
 
+RAY_HEAD_MODES = ("early", "gym")  # nemo_gym.ray_head values that are not a host:port
+
+
 class NemoGymConfig(_Section):
     """The ``nemo_gym:`` section (see the module docstring for every key)."""
 
@@ -159,12 +162,17 @@ class NemoGymConfig(_Section):
     @classmethod
     def _ray_head(cls, value: str) -> str:
         host, _, port = value.rpartition(":")
-        if value in ("early", "gym") or (re.fullmatch(r"[\w.\-]+", host) and port.isdigit() and 0 < int(port) < 65536):
+        if value in RAY_HEAD_MODES or (re.fullmatch(r"[\w.\-]+", host) and port.isdigit() and 0 < int(port) < 65536):
             return value
         raise ValueError(
             "use early (a Ray head from Gym's venv, started while verl starts), gym (Gym starts its own) or the "
             "host:port of a running Ray head started with Gym's Python version"
         )
+
+    @property
+    def external_ray_head(self) -> str | None:
+        """The ``host:port`` of a Ray head someone else runs (``ray_head: host:port``); None for ``early``/``gym``."""
+        return None if self.ray_head in RAY_HEAD_MODES else self.ray_head
 
     @field_validator("head_url")
     @classmethod

@@ -324,9 +324,12 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
     config_paths = list(gym.config_paths)
     if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
         config_paths.append(TRAINING_MODEL_CONFIG)
-    optional = {"head_port": gym.head_port, "gym_venv": gym.gym_venv, "run_dir": gym.run_dir}
-    if gym.ray_head not in ("early", "gym"):  # the host:port of a Ray head someone else runs
-        optional["ray_head_node_address"] = gym.ray_head
+    optional = {
+        "head_port": gym.head_port,
+        "gym_venv": gym.gym_venv,
+        "run_dir": gym.run_dir,
+        "ray_head_node_address": gym.external_ray_head,  # a Ray head someone else runs
+    }
     return GymLaunchSpec.parse(
         {
             "config_paths": config_paths,
