@@ -48,19 +48,6 @@ def test_trainer_class_is_cached_and_keeps_verls_base():
     assert cls.__mro__[1:3] == (NemoGymTrainerMixin, FakeV1Trainer)
 
 
-def test_cpu_maps_the_actor_role_to_the_gloo_worker_and_gpu_keeps_verls():
-    from verl.workers.engine_workers import ActorRolloutRefWorker
-
-    from recipe.nemo_gym.cpu.platform import CpuActorRolloutRefWorker
-
-    cls = nemo_gym_trainer_cls(FakeV1Trainer)
-    cpu, gpu = cls("cpu"), cls("cuda")
-    cpu._init_resource_pool_mgr()
-    gpu._init_resource_pool_mgr()
-    assert cpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is CpuActorRolloutRefWorker
-    assert gpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is ActorRolloutRefWorker
-
-
 class FakeSeparateAsyncTrainer(FakeV1Trainer):
     """verl's ``PPOTrainerSeparateAsync._init_resource_pool_mgr``: the actor role becomes ``DetachActorWorker``."""
 
@@ -71,18 +58,31 @@ class FakeSeparateAsyncTrainer(FakeV1Trainer):
         self.role_worker_mapping["actor_rollout"] = ray.remote(DetachActorWorker)
 
 
-def test_cpu_maps_separate_asyncs_detach_worker_to_its_gloo_variant():
-    from verl.experimental.separation.engine_workers import DetachActorWorker
+@pytest.mark.parametrize(
+    "trainer, verl_worker, cpu_worker",
+    [
+        (FakeV1Trainer, "verl.workers.engine_workers.ActorRolloutRefWorker", "CpuActorRolloutRefWorker"),
+        (  # separate_async put DetachActorWorker in place of verl's actor worker
+            FakeSeparateAsyncTrainer,
+            "verl.experimental.separation.engine_workers.DetachActorWorker",
+            "CpuDetachActorWorker",
+        ),
+    ],
+)
+def test_cpu_maps_the_actor_role_to_its_gloo_variant_and_gpu_keeps_verls(trainer, verl_worker, cpu_worker):
+    import importlib
 
-    from recipe.nemo_gym.cpu.platform import CpuDetachActorWorker
+    from recipe.nemo_gym.cpu import platform
 
-    cls = nemo_gym_trainer_cls(FakeSeparateAsyncTrainer)
+    module, _, name = verl_worker.rpartition(".")
+    verl_cls, cpu_cls = getattr(importlib.import_module(module), name), getattr(platform, cpu_worker)
+    cls = nemo_gym_trainer_cls(trainer)
     cpu, gpu = cls("cpu"), cls("cuda")
     cpu._init_resource_pool_mgr()
     gpu._init_resource_pool_mgr()
-    assert cpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is CpuDetachActorWorker
-    assert issubclass(CpuDetachActorWorker, DetachActorWorker)
-    assert gpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is DetachActorWorker
+    assert cpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is cpu_cls
+    assert issubclass(cpu_cls, verl_cls) and cpu_cls.__name__ == cpu_worker
+    assert gpu.role_worker_mapping["actor_rollout"].__ray_actor_class__ is verl_cls
 
 
 def test_rollout_metrics_join_the_step_metrics_under_their_own_names():

@@ -237,61 +237,43 @@ def init_gloo_process_group() -> None:
     dist.init_process_group(backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
-_worker_cls: type | None = None
+# verl's worker classes that get a CPU variant: (our class name) -> (verl's module, verl's class name).
+# ``separate_async`` puts ``DetachActorWorker`` in place of the actor worker (``_init_resource_pool_mgr``).
+_GLOO_VARIANTS = {
+    "CpuActorRolloutRefWorker": ("verl.workers.engine_workers", "ActorRolloutRefWorker"),
+    "CpuDetachActorWorker": ("verl.experimental.separation.engine_workers", "DetachActorWorker"),
+}
+_built: dict[str, type] = {}
 
 
-def _cpu_actor_rollout_ref_worker() -> type:
-    """Build (once) ``CpuActorRolloutRefWorker``: verl's ``ActorRolloutRefWorker`` with a gloo process group.
+def _gloo_variant(name: str) -> type:
+    """Build (once) ``name`` (:data:`_GLOO_VARIANTS`): verl's worker class with a gloo process group.
 
     Built lazily because this module is imported by every ``import verl`` (VERL_USE_EXTERNAL_MODULES) and
     importing verl's workers there would be slow and circular. Exposed as a module attribute (PEP 562), so
     Ray pickles it by reference and every worker process rebuilds the same class.
     """
-    global _worker_cls
-    if _worker_cls is None:
-        from verl.workers.engine_workers import ActorRolloutRefWorker
+    if name not in _built:
+        import importlib
 
-        class CpuActorRolloutRefWorker(ActorRolloutRefWorker):
-            """``ActorRolloutRefWorker`` whose process group is created as plain gloo before verl's own."""
+        module, base_name = _GLOO_VARIANTS[name]
+        base = getattr(importlib.import_module(module), base_name)
 
+        class GlooVariant(base):  # type: ignore[misc,valid-type]
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 init_gloo_process_group()
 
-        CpuActorRolloutRefWorker.__module__ = __name__
-        CpuActorRolloutRefWorker.__qualname__ = "CpuActorRolloutRefWorker"
-        _worker_cls = CpuActorRolloutRefWorker
-    return _worker_cls
-
-
-_detach_cls: type | None = None
-
-
-def _cpu_detach_actor_worker() -> type:
-    """Build (once) ``CpuDetachActorWorker``: verl's ``DetachActorWorker`` (what ``separate_async`` puts in place of
-    the actor worker) with a gloo process group, as :func:`_cpu_actor_rollout_ref_worker`."""
-    global _detach_cls
-    if _detach_cls is None:
-        from verl.experimental.separation.engine_workers import DetachActorWorker
-
-        class CpuDetachActorWorker(DetachActorWorker):
-            """``DetachActorWorker`` whose process group is created as plain gloo before verl's own."""
-
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, **kwargs)
-                init_gloo_process_group()
-
-        CpuDetachActorWorker.__module__ = __name__
-        CpuDetachActorWorker.__qualname__ = "CpuDetachActorWorker"
-        _detach_cls = CpuDetachActorWorker
-    return _detach_cls
+        GlooVariant.__doc__ = f"``{base_name}`` whose process group is created as plain gloo before verl's own."
+        GlooVariant.__module__ = __name__
+        GlooVariant.__name__ = GlooVariant.__qualname__ = name
+        _built[name] = GlooVariant
+    return _built[name]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "CpuActorRolloutRefWorker":
-        return _cpu_actor_rollout_ref_worker()
-    if name == "CpuDetachActorWorker":
-        return _cpu_detach_actor_worker()
+    if name in _GLOO_VARIANTS:
+        return _gloo_variant(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
