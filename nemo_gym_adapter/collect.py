@@ -8,12 +8,12 @@
     python -m nemo_gym_adapter.collect --gym-head-url http://127.0.0.1:11000 --data eval.jsonl   # a running Gym
 
 The policy is a checkpoint (``--model``; default: the demo's tiny model) served here by vLLM with the token-ID patch
-(``vllm_server.start_vllm_server``; ``--vllm-arg`` passes more server flags), or any OpenAI-compatible server
+(``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags), or any OpenAI-compatible server
 (``--policy-base-url``). Gym is started here with the bundled environments (``--env``) and/or your configs
 (``--config-path``) in front of that policy, or attached to (``--gym-head-url``: that Gym's own policy). Rows: ``--data`` JSONL files
 (validated, errors name ``file:line``) or each ``--env``'s bundled examples, times ``--repeats``.
 
-Every row goes through :class:`~nemo_gym_adapter.rollout_core.RolloutCore`, as in training, so the summary is the
+Every row goes through :class:`~nemo_gym_adapter.rollouts.core.RolloutCore`, as in training, so the summary is the
 training metrics (``metrics.compute_metrics``: reward, success and masked rates by reason, turns, tokens, latency)
 per environment and overall; ``--prompt-length``/``--response-length`` apply training's token budgets (default:
 none). ``--output`` gets one JSON line per rollout as it finishes (index, env, reward, masked reason, Gym's result or
@@ -115,8 +115,8 @@ def row_files(args: argparse.Namespace, gym_root: Path | None) -> list[tuple[Pat
 
 def start_gym(args: argparse.Namespace, stack: ExitStack, gym_root: Path) -> Any:
     """A Gym started here with --env/--config-path in front of the policy (served here unless --policy-base-url)."""
-    from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
-    from nemo_gym_adapter.gym_servers import GymServers
+    from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+    from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.policy import read_model_card
 
     configs = [f"resources_servers/{env}/configs/{env}.yaml" for env in args.envs]
@@ -127,7 +127,7 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, gym_root: Path) -> Any
         raise AdapterConfigError(f"--env: no bundled Gym config {missing} under {gym_root}")
     base_url, name = args.policy_base_url, args.model_name
     if base_url is None:
-        from nemo_gym_adapter.vllm_server import start_vllm_server
+        from nemo_gym_adapter.vllm.server import start_vllm_server
 
         model = args.model or _demo_model()
         name = name or Path(model).name
@@ -158,7 +158,7 @@ def _demo_model() -> str:
 
 
 def record(row: Any) -> dict[str, Any]:
-    """One JSONL line of ``--output`` for a ``rollout_core.RowResult``."""
+    """One JSONL line of ``--output`` for a ``rollouts.core.RowResult``."""
     o, t = row.outcome, row.trajectory
     return {
         "index": row.index,
@@ -219,13 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     # Heavy imports only after the arguments are known to be good (STYLE.md §2).
     from nemo_gym_adapter import paths
-    from nemo_gym_adapter.dataset import load_gym_jsonl
+    from nemo_gym_adapter.data.dataset import load_gym_jsonl
     from nemo_gym_adapter.errors import AdapterError
-    from nemo_gym_adapter.gym_launch import gym_package_root
-    from nemo_gym_adapter.gym_servers import GymServers
-    from nemo_gym_adapter.rollout_client import RolloutClientConfig
-    from nemo_gym_adapter.rollout_core import RolloutCore
-    from nemo_gym_adapter.trajectory import TrajectoryConfig
+    from nemo_gym_adapter.gym.launch import gym_package_root
+    from nemo_gym_adapter.gym.servers import GymServers
+    from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+    from nemo_gym_adapter.rollouts.core import RolloutCore
+    from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 
     try:
         with ExitStack() as stack:

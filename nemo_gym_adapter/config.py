@@ -16,7 +16,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       head_port: null                # null: a free port
       gym_venv: null                 # null: paths.gym_venv() (NGV_GYM_VENV)
       ray_head: early                # Gym's Ray: early (started before verl's workers, gym_ray) | gym | host:port
-      warm_launcher: true            # Gym's launcher pre-imported next to the Ray head (gym_warm); false: cold
+      warm_launcher: true            # Gym's launcher pre-imported next to the Ray head (gym.warm); false: cold
       run_dir: null                  # Gym's logs and pid file; null: logs/gym/<time>-<port>
       startup_timeout_s: 600
       attach_timeout_s: 60
@@ -31,7 +31,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
       liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
 
-The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`nemo_gym_adapter.config_resolvers`;
+The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`recipe.nemo_gym.resolvers`;
 ``${ngv_manager:<use_v1>}`` picks :data:`MANAGER_CLASS_V1` or :data:`MANAGER_CLASS`, the managers checked here.
 """
 
@@ -50,7 +50,7 @@ from nemo_gym_adapter.errors import AdapterConfigError
 SECTION = "nemo_gym"
 MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NemoGymAgentLoopManager"  # legacy trainer (trainer.use_v1=False)
 MANAGER_CLASS_V1 = "recipe.nemo_gym.agent_loop_tq.NemoGymAgentLoopManagerTQ"  # v1 trainer (the default)
-DATASET_PATH = "pkg://nemo_gym_adapter.dataset"
+DATASET_PATH = "pkg://nemo_gym_adapter.data.dataset"
 DATASET_NAME = "GymJsonlDataset"
 MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
 
@@ -60,7 +60,7 @@ class _Section(BaseModel):
 
 
 class ClientSection(_Section):
-    """``nemo_gym.client``: the rollout client (``rollout_client.RolloutClientConfig``)."""
+    """``nemo_gym.client``: the rollout client (``client.RolloutClientConfig``)."""
 
     max_concurrency: int = Field(64, ge=1, description="rollouts in flight at once")
     timeout_s: float = Field(900.0, gt=0, description="per-rollout deadline")
@@ -109,10 +109,10 @@ class NemoGymConfig(_Section):
     head_port: int | None = Field(None, ge=1, le=65535)
     gym_venv: str | None = None
     # The Ray cluster Gym joins (Gym 0.7 always calls ray.init): early -- a head from Gym's venv started while verl
-    # starts (nemo_gym_adapter.gym_ray) --, gym -- Gym starts its own --, or the host:port of a running one started
+    # starts (nemo_gym_adapter.gym.ray_head) --, gym -- Gym starts its own --, or the host:port of a running one started
     # with Gym's Python version. Ignored when head_url is set.
     ray_head: str = "early"
-    # Start Gym's launcher interpreter early with its imports done (nemo_gym_adapter.gym_warm; ~2 s off Gym's
+    # Start Gym's launcher interpreter early with its imports done (nemo_gym_adapter.gym.warm; ~2 s off Gym's
     # spin-up); false: Gym's launcher starts cold when Gym starts. Ignored when head_url is set.
     warm_launcher: bool = True
     run_dir: str | None = None
@@ -146,7 +146,7 @@ class NemoGymConfig(_Section):
             raise ValueError(f"every weight is 0 ({weights}): at least one environment must be sampled")
         return weights
 
-    # A dead Gym server or vLLM replica (nemo_gym_adapter.liveness): its rows are masked `server_down` (mask), Gym
+    # A dead Gym server or vLLM replica (nemo_gym_adapter.gym.liveness): its rows are masked `server_down` (mask), Gym
     # is restarted before the next step (restart; only a Gym we started, else mask), or the run stops (fail).
     on_server_down: Literal["mask", "restart", "fail"] = "restart"
     liveness: LivenessSection = Field(default_factory=LivenessSection)

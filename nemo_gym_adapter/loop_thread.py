@@ -26,7 +26,7 @@ UVLOOP_ENV = "NGV_UVLOOP"  # "0": the stdlib event loop even where uvloop is ins
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop when it is installed (vLLM depends on it; about half the CPU per HTTP request of the
-    stdlib loop, measured by ``scripts/bench_rollout_scale.py``), else asyncio's; ``NGV_UVLOOP=0`` forces asyncio's.
+    stdlib loop, measured by ``benchmarks/bench_rollout_scale.py``), else asyncio's; ``NGV_UVLOOP=0`` forces asyncio's.
     """
     if os.environ.get(UVLOOP_ENV, "1") != "0":
         try:

@@ -112,7 +112,7 @@ class ManagedProcess:
             self.cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            stdin=stdin,  # subprocess.PIPE: a warm Gym launcher's command channel (gym_warm)
+            stdin=stdin,  # subprocess.PIPE: a warm Gym launcher's command channel (gym.warm)
             env=dict(env) if env is not None else None,
             cwd=str(cwd) if cwd is not None else None,
             start_new_session=True,
@@ -384,7 +384,7 @@ S = TypeVar("S", bound=_Stoppable)
 class EarlySlot(Generic[S]):
     """One server started early in this process (a task runner, before verl's workers) for an owner created later
     (the rollout manager) to claim; what is replaced or never claimed is stopped. Gym's Ray head
-    (``gym_ray.early_ray_head``) and the warm Gym launcher (``gym_warm``) each have one."""
+    (``early.early_gym_servers``) and the warm Gym launcher (``gym.warm``) each have one."""
 
     def __init__(self) -> None:
         self._parked: S | None = None

@@ -11,7 +11,7 @@ from typing import Protocol
 
 
 class _Done(Protocol):
-    """What the bar needs of a finished row (``rollout_client.RolloutOutcome``)."""
+    """What the bar needs of a finished row (``client.RolloutOutcome``)."""
 
     @property
     def agent(self) -> str | None: ...

@@ -59,6 +59,6 @@ def pytest_collection_modifyitems(config, items):
     three namespaces. Run alone they pass; after earlier modules had run Ray drivers in this process (init, shutdown),
     the bed's first actor once died at creation ("ActorDiedError" in `LLMServerManager.create`, full integration run,
     cause not yet found), so they run while this process has never been a Ray driver."""
-    first = [item for item in items if item.nodeid.startswith("tests/integration/test_multihost")]
+    first = [item for item in items if item.nodeid.startswith("tests/integration/gym/test_multihost")]
     if first:
         items[:] = first + [item for item in items if item not in first]

@@ -232,7 +232,7 @@ def _write_model(out: Path, spec: _Family, tok) -> None:
     # One row per token, not padded to a multiple of 64 as real checkpoints are: verl's vLLM server sets the logits
     # beyond len(tokenizer) to -inf (monkey_patch_compute_logits) while verl's actor normalises over every row, so
     # each random padding row put the rollout log-probs above the actor's, by ~rows/vocab per token (3.4e-4 for
-    # qwen25's one row, 2.1e-2 for qwen3's 63). scripts/probe_logprob_offset.py measures it.
+    # qwen25's one row, 2.1e-2 for qwen3's 63). benchmarks/probe_logprob_offset.py measures it.
     vocab = tok.get_vocab_size(with_added_tokens=True)
     common = dict(
         vocab_size=vocab,

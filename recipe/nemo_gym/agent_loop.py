@@ -20,7 +20,7 @@ rest of its returned dicts, but it merges the output's ``meta_info`` into the tr
 metrics (``gym/<env>/reward_mean``, ``gym/all/masked_rate/<reason>``, ``gym/all/contiguity_rate``, ...) ride in
 ``meta_info[GYM_METRICS_KEY]`` to the recipe's trainer, which logs them under those plain names
 (``recipe.nemo_gym.task_runner``); ``timing`` stays empty (verl times the call itself as ``timing_s/gen``).
-Validation batches are collected into a :class:`~nemo_gym_adapter.validation.ValidationPass`, whose metrics the
+Validation batches are collected into a :class:`~nemo_gym_adapter.rollouts.validation.ValidationPass`, whose metrics the
 trainer takes with ``pop_validation_metrics`` (``manager_base.GymManagerBase``) after verl's own validation.
 """
 
@@ -35,8 +35,8 @@ from verl.experimental.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 
 from nemo_gym_adapter.errors import AdapterError
-from nemo_gym_adapter.padding import pad_trajectories
-from nemo_gym_adapter.rollout_core import BlockingRolloutCore
+from nemo_gym_adapter.rollouts.core import BlockingRolloutCore
+from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from recipe.nemo_gym.manager_base import GymManagerBase
 
 GYM_METRICS_KEY = "nemo_gym_metrics"
@@ -85,7 +85,7 @@ def gym_rows(prompts: DataProto) -> tuple[list[Mapping[str, Any]], list[str]]:
     if missing:
         raise AdapterError(
             f"generate_sequences: the batch has no {missing} (keys: {sorted(nt)}); set data.custom_cls.path="
-            "pkg://nemo_gym_adapter.dataset and data.custom_cls.name=GymJsonlDataset"
+            "pkg://nemo_gym_adapter.data.dataset and data.custom_cls.name=GymJsonlDataset"
         )
     if len(nt["gym_row"]) == 0:
         raise AdapterError("generate_sequences: empty batch")

@@ -11,11 +11,11 @@ Start-up and shutdown are :class:`~recipe.nemo_gym.manager_base.GymManagerBase`'
 (``verl/trainer/ppo/v1/agent_loop_tq.py`` ``AgentLoopWorkerTQ``) is:
 
 * ``generate_sequences(TensorDict) -> None`` returns at once: the batch's prompts run in the background, on this
-  manager's event-loop thread, through the shared :class:`~nemo_gym_adapter.rollout_core.RolloutCore` (each prompt's
+  manager's event-loop thread, through the shared :class:`~nemo_gym_adapter.rollouts.core.RolloutCore` (each prompt's
   ``gym_row`` ``n`` times: ``__rollout_n__`` or ``rollout.n`` / ``val_kwargs.n``).
 * Each prompt ``uid`` is tagged ``running``; **each sample is put into TransferQueue the moment Gym returns it**
   (``RolloutCore.run_step``'s ``on_row``): key ``{uid}_{session}_0``, the unpadded tensors of
-  :func:`nemo_gym_adapter.samples.sample_tensors` (from the same ``Trajectory`` the legacy path pads) plus the
+  :func:`nemo_gym_adapter.rollouts.samples.sample_tensors` (from the same ``Trajectory`` the legacy path pads) plus the
   prompt's own columns, as verl's ``_agent_loop_postprocess`` writes them; tags ``status``, ``prompt_len``,
   ``response_len``, ``seq_len``, ``global_steps``, ``min_global_steps``/``max_global_steps``.
 * The uid's terminal status is published once all its ``n`` samples settled: ``finished``; ``failure`` only when
@@ -40,7 +40,7 @@ once per step and puts the result into the step's metric dict under their own na
 ``gym/all/masked_rate/<reason>``, ``gym/timing/*``, ``gym/engine/probe_logprob_mean``; the last validation pass's
 timings as ``val-aux/gym/timing/*``). **Validation** samples (partition ``val``, ``rollout.val_kwargs`` sampling and
 ``n``) are also collected, as the legacy manager's, into ``GymManagerBase``'s
-:class:`~nemo_gym_adapter.validation.ValidationPass` before their group is published ``finished``; the recipe's v1
+:class:`~nemo_gym_adapter.rollouts.validation.ValidationPass` before their group is published ``finished``; the recipe's v1
 trainer takes its per-environment metrics and Gym's ``/aggregate_metrics`` after verl's ``_validate``
 (``task_runner_v1.NemoGymTrainerMixin._validate``).
 """
@@ -65,10 +65,10 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.loop_thread import LoopThread
-from nemo_gym_adapter.metrics import compute_metrics
-from nemo_gym_adapter.rollout_core import RowResult
-from nemo_gym_adapter.samples import sample_tensors
-from nemo_gym_adapter.trajectory import Trajectory
+from nemo_gym_adapter.rollouts.core import RowResult
+from nemo_gym_adapter.rollouts.metrics import compute_metrics
+from nemo_gym_adapter.rollouts.samples import sample_tensors
+from nemo_gym_adapter.rollouts.trajectory import Trajectory
 from recipe.nemo_gym.manager_base import GymManagerBase
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def split_prompts(batch: TensorDict) -> list[dict[str, Any]]:
             if key not in prompt:
                 raise AdapterError(
                     f"generate_sequences: prompt {i} has no {key!r} (columns: {sorted(prompt)}); set data.custom_cls."
-                    "path=pkg://nemo_gym_adapter.dataset and data.custom_cls.name=GymJsonlDataset"
+                    "path=pkg://nemo_gym_adapter.data.dataset and data.custom_cls.name=GymJsonlDataset"
                 )
         prompts.append(prompt)
     return prompts

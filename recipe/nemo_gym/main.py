@@ -10,7 +10,7 @@ can be overridden as usual. The run, in order:
 1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``), before any heavy
    import: a config error answers in about a second, naming the dotted key, the bad value and the fix (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
-   where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``nemo_gym_adapter.config_resolvers``)
+   where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.resolvers``)
    are registered;
 3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
    the default: verl's TransferQueue trainer, manager ``recipe.nemo_gym.agent_loop_tq``) or
@@ -35,18 +35,19 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_gym_adapter import gym_ray, gym_warm, paths
+from nemo_gym_adapter import paths
 from nemo_gym_adapter.config import load_config
-from nemo_gym_adapter.config_resolvers import register_resolvers
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.gym import ray_head, warm
+from recipe.nemo_gym.resolvers import register_resolvers
 
 logger = logging.getLogger(__name__)
 
 CONFIG_DIR = str(paths.REPO_ROOT / "configs")
 DEFAULT_CONFIG = "nemo_gym_cpu"
 PID_FILE = "gym.pid"  # = recipe.nemo_gym.manager_base.PID_FILE (not imported: that module imports verl)
-RAY_PID_FILE = gym_ray.PID_FILE  # Gym's Ray head started early
-WARM_PID_FILE = gym_warm.PID_FILE  # a warm Gym launcher still waiting for its launch
+RAY_PID_FILE = ray_head.PID_FILE  # Gym's Ray head started early
+WARM_PID_FILE = warm.PID_FILE  # a warm Gym launcher still waiting for its launch
 
 # Hydra composes the config before calling main(); the resolvers must exist by the time anything reads it.
 register_resolvers()
@@ -149,7 +150,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def sweep_gym(run_dir: Path | None) -> list[int]:
     """Stop whatever Gym processes the manager recorded and did not stop itself -- Gym (``gym.pid``), its Ray head
-    (``gym_ray.pid``, ``nemo_gym_adapter.gym_ray``) and a warm launcher (``gym_warm.pid``) --; return the pids
+    (``gym_ray.pid``, ``nemo_gym_adapter.gym.ray_head``) and a warm launcher (``gym_warm.pid``) --; return the pids
     stopped.
 
     The manager removes a pid file when it stops what it names, so normally there is nothing to do. Pids are checked

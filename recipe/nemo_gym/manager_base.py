@@ -13,12 +13,12 @@ the v1 trainer in ``main_ppo.init_agent_loop_manager``. :class:`GymManagerBase` 
 4. start NeMo Gym with the replicas as its policy (:func:`gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
    launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright.
    With ``nemo_gym.ray_head: early`` (the default) Gym joins a Ray head from Gym's venv
-   (:mod:`nemo_gym_adapter.gym_ray`) that the task runner started before verl's workers (claimed here) or, when
+   (:mod:`nemo_gym_adapter.gym.ray_head`) that the task runner started before verl's workers (claimed here) or, when
    there is none, that :meth:`GymManagerBase.start` starts before step 1, so it comes up during steps 1-3; Gym's
    launcher likewise runs in a warm launcher started next to that head (``nemo_gym.warm_launcher``,
-   :mod:`nemo_gym_adapter.gym_warm`);
-5. build the trainer-agnostic :class:`~nemo_gym_adapter.rollout_core.RolloutCore` over the running Gym, with its
-   liveness check (``nemo_gym.on_server_down``; :mod:`nemo_gym_adapter.liveness`).
+   :mod:`nemo_gym_adapter.gym.warm`);
+5. build the trainer-agnostic :class:`~nemo_gym_adapter.rollouts.core.RolloutCore` over the running Gym, with its
+   liveness check (``nemo_gym.on_server_down``; :mod:`nemo_gym_adapter.gym.liveness`).
 
 verl's own AgentLoopWorkers are never started: Gym is the agent. :meth:`GymManagerBase.shutdown` (idempotent, never
 raises for cleanup errors) undoes what start-up did, newest first; it runs from the recipe's TaskRunner on success
@@ -37,7 +37,9 @@ from typing import Any
 import ray
 from verl.utils.ray_utils import auto_await
 
-from nemo_gym_adapter.addresses import (
+from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
+from nemo_gym_adapter.errors import AdapterError, ServerError
+from nemo_gym_adapter.gym.addresses import (
     HostChoice,
     ReplicaEndpoint,
     check_policy_urls,
@@ -45,20 +47,18 @@ from nemo_gym_adapter.addresses import (
     choose_gym_host,
     replica_endpoints,
 )
-from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
-from nemo_gym_adapter.errors import AdapterError, ServerError
-from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
-from nemo_gym_adapter.gym_ray import GymRayHead, claim_early_head, start_head_for, wants_head
-from nemo_gym_adapter.gym_servers import GymServers
-from nemo_gym_adapter.gym_warm import WarmLauncher, claim_early_warm, start_warm_for, wants_warm
-from nemo_gym_adapter.liveness import Liveness, LivenessConfig
+from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+from nemo_gym_adapter.gym.liveness import Liveness, LivenessConfig
+from nemo_gym_adapter.gym.ray_head import GymRayHead, claim_early_head, start_head_for, wants_head
+from nemo_gym_adapter.gym.servers import GymServers
+from nemo_gym_adapter.gym.warm import WarmLauncher, claim_early_warm, start_warm_for, wants_warm
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
 from nemo_gym_adapter.procs import write_pid_record
-from nemo_gym_adapter.rollout_client import RolloutClientConfig
-from nemo_gym_adapter.rollout_core import RolloutCore, RowResult
-from nemo_gym_adapter.trajectory import TrajectoryConfig
-from nemo_gym_adapter.validation import ValidationPass
-from nemo_gym_adapter.vllm_patch import PatchReport, aborted_turns, apply_patch_to_actors, find_vllm_server_actors
+from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
+from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
+from nemo_gym_adapter.rollouts.validation import ValidationPass
+from nemo_gym_adapter.vllm.patch import PatchReport, aborted_turns, apply_patch_to_actors, find_vllm_server_actors
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class GymManagerBase:
 
     def add_validation_rows(self, rows: Iterable[RowResult], task_indices: Sequence[int]) -> None:
         """Collect validation rows (``task_indices[i]``: the dataset row of ``rows[i]``) into the current
-        :class:`~nemo_gym_adapter.validation.ValidationPass`; both managers call it for every validation sample."""
+        :class:`~nemo_gym_adapter.rollouts.validation.ValidationPass`; both managers call it for every validation sample."""
         with self._validation_lock:
             if self._validation is None:
                 assert self.core is not None, "validation rows before start()"
@@ -231,7 +231,7 @@ class GymManagerBase:
         """``gym/engine/probe_logprob_mean``: the first replica's mean log-probability of :data:`policy.PROBE_TEXT`
         with the weights it serves now (``policy.probe_logprob``); it moves only when a weight sync reached vLLM.
         ``gym/engine/aborted_turns_total`` (patched replicas): model calls vLLM aborted and the abort guard sent back
-        to Gym for a retry (``vllm_abort``; cumulative). Each key is left out when it cannot be read (a failed read
+        to Gym for a retry (``vllm.abort``; cumulative). Each key is left out when it cannot be read (a failed read
         never fails a step)."""
         if not self.replicas or self.served_model_name is None:
             return {}

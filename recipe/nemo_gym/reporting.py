@@ -2,7 +2,7 @@
 
     python -m recipe.nemo_gym.reporting <metrics.jsonl> [-o curve.png] [--table] [--window 5] [--title TEXT]
 
-The recipe's ``main`` writes this report at the end of a run logged to a file, ``scripts/bench_grpo_toy.py`` after its
+The recipe's ``main`` writes this report at the end of a run logged to a file, ``benchmarks/bench_grpo_toy.py`` after its
 run; the command reports on any finished or running one (default PNG: ``reward_curve.png`` next to the metrics).
 
 Source: verl 0.9.1's file logger (``verl.utils.tracking.FileLogger``), switched on with ``trainer.logger=[console,
@@ -12,7 +12,7 @@ Validation metrics come as separate lines with the same step; lines of one step 
 
 Series read (the first family found wins; all of it is over every step that has it):
 
-* reward: the adapter's per-environment metrics (``nemo_gym_adapter.metrics``) ``<prefix>/<scope>/reward_mean``
+* reward: the adapter's per-environment metrics (``nemo_gym_adapter.rollouts.metrics``) ``<prefix>/<scope>/reward_mean``
   (mean Gym reward over *unmasked* samples; scope ``all`` or an environment), one curve per environment. Runs
   before the plain names (``recipe.nemo_gym.task_runner``) logged them as ``timing_s/<prefix>/<scope>/reward_mean``;
   both spellings are read.

@@ -14,11 +14,11 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
    trainer logs only ``meta_info["timing"]`` of a rollout manager (as ``timing_s/...``), but it merges the rest of
    that ``meta_info`` into the batch it hands to ``_update_actor``, whose returned ``metrics`` it logs; the trainer
    takes them from there (``agent_loop.GYM_METRICS_KEY``). After verl's own validation, ``_validate`` adds the
-   manager's per-environment validation metrics and Gym's ``/aggregate_metrics`` (``nemo_gym_adapter.validation``).
+   manager's per-environment validation metrics and Gym's ``/aggregate_metrics`` (``nemo_gym_adapter.rollouts.validation``).
 5. With ``nemo_gym.env_weights``, the training sampler is ``env_sampling.EnvWeightedSampler``: each batch holds
    every environment's share of rows.
 6. Gym's Ray head (``nemo_gym.ray_head: early``) starts first, before the datasets and workers, so it is up by the
-   time the manager starts Gym (``nemo_gym_adapter.gym_ray.early_ray_head``).
+   time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
 
 verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
 ``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
@@ -41,9 +41,9 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
 from nemo_gym_adapter.config import load_config
-from nemo_gym_adapter.env_sampling import EnvWeightedSampler
-from nemo_gym_adapter.gym_ray import early_ray_head
-from nemo_gym_adapter.metrics import scope_name
+from nemo_gym_adapter.data.env_sampling import EnvWeightedSampler
+from nemo_gym_adapter.gym.early import early_gym_servers
+from nemo_gym_adapter.rollouts.metrics import scope_name
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
 
@@ -149,7 +149,7 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
     def run(self, config: Any) -> None:
         print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
         OmegaConf.resolve(config)
-        with early_ray_head(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
+        with early_gym_servers(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
             self._run(config)
 
     def _run(self, config: Any) -> None:

@@ -18,12 +18,12 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
      (:mod:`recipe.nemo_gym.rollout_correction`);
    - the replay buffer polls TransferQueue every 0.1 s, not verl's hard-wired 2 s (:func:`replay_poll_interval`);
    - after verl's ``_validate``, the manager's per-environment validation metrics and Gym's ``/aggregate_metrics``
-     (``pop_validation_metrics``: the legacy trainer's ``nemo_gym_adapter.validation.ValidationPass``);
+     (``pop_validation_metrics``: the legacy trainer's ``nemo_gym_adapter.rollouts.validation.ValidationPass``);
    - with ``nemo_gym.env_weights`` the training dataloader samples with the legacy trainer's
      ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
 4. Gym's Ray head (``nemo_gym.ray_head: early``) starts before ``tq.init`` and verl's workers, so it is up by the
-   time the manager starts Gym (``nemo_gym_adapter.gym_ray.early_ray_head``).
+   time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
 5. Ray may not auto-start a cluster in this process (:func:`forbid_ray_auto_init`): once the run's Ray is gone, a late
    Ray call from a thread still running here would otherwise start a fresh local cluster whose agents outlive the run.
 6. ``separate_async`` is checked before anything starts (:func:`check_separate_async`): a standalone rollout pool, a
@@ -46,7 +46,7 @@ import ray
 from omegaconf import OmegaConf
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
-from nemo_gym_adapter.gym_ray import early_ray_head
+from nemo_gym_adapter.gym.early import early_gym_servers
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -158,7 +158,7 @@ def replay_poll_interval(config: Any) -> float:
 
 def warn_unguarded_aborts(config: Any) -> bool:
     """Warn (and return True) when an async mode runs without the token-ID patch: verl aborts in-flight generations at
-    each weight sync, and only the patch's abort guard (``nemo_gym_adapter.vllm_abort``) turns vLLM's cut 200 answer
+    each weight sync, and only the patch's abort guard (``nemo_gym_adapter.vllm.abort``) turns vLLM's cut 200 answer
     into a 503 that Gym retries; without it an aborted turn reaches Gym as a finished one and is trained as a stop."""
     mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
     if mode == "sync" or OmegaConf.select(config, "nemo_gym.patch_vllm", default=True):
@@ -314,7 +314,7 @@ class NemoGymTaskRunnerV1Impl:
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)
         self.config = config
-        with early_ray_head(config):  # Gym's Ray head comes up while verl starts its workers and vLLM
+        with early_gym_servers(config):  # Gym's Ray head comes up while verl starts its workers and vLLM
             self._run(trainer_cls, config)
 
     def _run(self, trainer_cls: type, config: Any) -> None:

@@ -18,7 +18,7 @@ import math
 
 import pytest
 
-from nemo_gym_adapter.trajectory import MaskReason
+from nemo_gym_adapter.rollouts.trajectory import MaskReason
 from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import ENV, GAP_TOL, LR, PROBE_MIN_MOVE, STEPS, _parse_steps, _run_recipe
 

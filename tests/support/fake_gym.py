@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.procs import free_port
-from nemo_gym_adapter.routing import GymRoutes
 
 
 class FakeEnvServer:

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter.gym_launch import GymLaunchSpec
+from nemo_gym_adapter.gym.launch import GymLaunchSpec
 
 GYM_REL_CONFIG = "resources_servers/fake_env/configs/fake_env.yaml"
 

@@ -2,7 +2,7 @@
 
 ``gym_single_tool_call`` (module scope) is a real Gym -- ``example_single_tool_call`` + ``simple_agent`` +
 ``vllm_model_for_training.yaml`` -- in front of the ``vllm_server`` fixture (tiny qwen25), with prebuilt venvs
-(``scripts/prepare_gym_venvs.py``). It yields a :class:`~nemo_gym_adapter.gym_servers.GymServers`; rows go to
+(``scripts/prepare_gym_venvs.py``). It yields a :class:`~nemo_gym_adapter.gym.servers.GymServers`; rows go to
 ``gym.run_url(SINGLE_TOOL_CALL_AGENT)``. ``simple_agent.max_steps`` is capped at :data:`MAX_STEPS` because a random
 model forced to call tools (``structured_outputs``) would otherwise call them forever.
 
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter import paths
-from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, gym_package_root
-from nemo_gym_adapter.gym_servers import GymServers
+from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, gym_package_root
+from nemo_gym_adapter.gym.servers import GymServers
 
 SINGLE_TOOL_CALL_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 SINGLE_TOOL_CALL_AGENT = "example_single_tool_call_simple_agent"
@@ -73,10 +73,10 @@ def run_core_step(
 ) -> Any:
     """``rows`` (all bound for ``agent``) through the rollout core against a running Gym, as a trainer step runs them:
     the core's ``StepResult``, the response budget being ``overrides["max_output_tokens"]``."""
-    from nemo_gym_adapter.rollout_client import RolloutClientConfig
-    from nemo_gym_adapter.rollout_core import BlockingRolloutCore, RolloutCore
-    from nemo_gym_adapter.routing import GymRoutes
-    from nemo_gym_adapter.trajectory import TrajectoryConfig
+    from nemo_gym_adapter.data.routing import GymRoutes
+    from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+    from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RolloutCore
+    from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 
     routes = GymRoutes.fetch_blocking(head_url)
     config = TrajectoryConfig(prompt_length=prompt_length, response_length=overrides["max_output_tokens"])

@@ -1,12 +1,12 @@
 """A plain standalone vLLM OpenAI server for integration tests (pytest plugin loaded by tests/conftest.py).
 
 ``vllm_server`` (session scope) serves the tiny qwen25 model on a free port and yields a
-:class:`~nemo_gym_adapter.vllm_server.VllmServer` (``base_url`` = ``http://127.0.0.1:<port>/v1``, ``model_name``).
+:class:`~nemo_gym_adapter.vllm.server.VllmServer` (``base_url`` = ``http://127.0.0.1:<port>/v1``, ``model_name``).
 Tests that need their own server use :func:`start_vllm_server` as a context manager.
 
 The servers here are *stock* vLLM unless told otherwise (so tests keep an unpatched control): the launcher module is
-:data:`VLLM_LAUNCHER_MODULE` (``NGV_VLLM_LAUNCHER``; the patched one is ``nemo_gym_adapter.vllm_server``). Command,
-environment and CPU settings are the library's (``nemo_gym_adapter.vllm_server.start_vllm_server``); tests add a
+:data:`VLLM_LAUNCHER_MODULE` (``NGV_VLLM_LAUNCHER``; the patched one is ``nemo_gym_adapter.vllm.server``). Command,
+environment and CPU settings are the library's (``nemo_gym_adapter.vllm.server.start_vllm_server``); tests add a
 fixed ``--seed 0``.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter import vllm_server as launcher
-from nemo_gym_adapter.vllm_server import VllmServer
+from nemo_gym_adapter.vllm import server as launcher
+from nemo_gym_adapter.vllm.server import VllmServer
 
 # The module run as `python -m <module>`; the patched launcher takes the same arguments.
 VLLM_LAUNCHER_MODULE = os.environ.get("NGV_VLLM_LAUNCHER", launcher.STOCK_LAUNCHER)

@@ -31,7 +31,7 @@ def fake_gym_venv(tmp_path: Path) -> Path:
 def light_warm_launchers(monkeypatch):
     """Warm Gym launchers (``gym_warm``, on by default) started by unit tests run the fake Gym with the trainer's
     Python: they pre-import one stdlib module, not Gym's third-party stack (seconds of imports per test)."""
-    from nemo_gym_adapter import gym_warm
+    from nemo_gym_adapter.gym import warm as gym_warm
 
     monkeypatch.setattr(gym_warm, "PRELOAD", ("json",))
 
@@ -39,7 +39,7 @@ def light_warm_launchers(monkeypatch):
 @pytest.fixture(autouse=True)
 def isolated_datasets_cache(tmp_path_factory, monkeypatch):
     """Every unit test gets an empty ``HF_DATASETS_CACHE``: the Gym dataset's validated-rows cache
-    (:mod:`nemo_gym_adapter.dataset_store`) never reads or fills the user's, and no test hits another's entries."""
+    (:mod:`nemo_gym_adapter.data.store`) never reads or fills the user's, and no test hits another's entries."""
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets")))
 
 
@@ -51,7 +51,7 @@ def family_tokenizers(tiny_model_dir):
     """family -> (tokenizer, TurnTemplate with the generation-config stop ids, terminator text)."""
     from transformers import AutoTokenizer
 
-    from nemo_gym_adapter.turn_template import turn_template_from_tokenizer
+    from nemo_gym_adapter.tokens.turn_template import turn_template_from_tokenizer
 
     out = {}
     for family in FAMILIES:

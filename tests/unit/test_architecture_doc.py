@@ -35,7 +35,7 @@ def test_every_named_path_exists():
 
 def test_every_module_has_its_place_in_the_map():
     named = set(named_paths())
-    modules = [*REPO.glob("nemo_gym_adapter/*.py"), *REPO.glob("recipe/nemo_gym/*.py")]
+    modules = [*REPO.glob("nemo_gym_adapter/**/*.py"), *REPO.glob("recipe/nemo_gym/**/*.py")]
     unnamed = [str(m.relative_to(REPO)) for m in modules if m.name != "__init__.py"]
     unnamed = [m for m in unnamed if m not in named]
     assert not unnamed, f"modules missing from docs/ARCHITECTURE.md: {unnamed}"

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from nemo_gym_adapter.collect import DEFAULT_ENVS, main, parse_args, summarize
-from nemo_gym_adapter.metrics import compute_metrics
-from nemo_gym_adapter.trajectory import MaskReason, Trajectory
+from nemo_gym_adapter.rollouts.metrics import compute_metrics
+from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
 from tests.support.fake_gym import FakeHeadServer, gym_config_for
 from tests.support.gym_results import E0, G0, G1, P0, handmade_multiturn
 

@@ -1,4 +1,4 @@
-"""The multi-host bed's pure parts (the bed itself runs in tests/integration/test_multihost*.py)."""
+"""The multi-host bed's pure parts (the bed itself runs in tests/integration/gym/test_multihost*.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ parsers, vLLM's error handlers (HTTP 400), and our ``vllm_patch.apply_patch``. S
 way a model may spell it, not the way the template encodes it) and the platform (``CpuPlatform``: the GPU wheel finds
 no device here, and rendering never touches one). Requests go through ``httpx.ASGITransport``, no socket.
 
-The cases are those the 0.31 hook passes (tests/unit/test_vllm_patch.py, tests/integration/test_vllm_patch_ray.py):
+The cases are those the 0.31 hook passes (tests/unit/vllm/test_patch.py, tests/integration/vllm/test_patch_ray.py):
 the unpatched control, the exact history on every turn of a tool-call conversation for three template families,
 ``/tokenize`` and ``/v1/chat/completions/render`` agreeing, the output-budget clamp, vLLM's context-length 400,
 alignment and in-place-edit 400s, the ``assistant_edits`` policy, ``required_prefix_token_ids``, fast and slow
@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_adapter import vllm_hooks, vllm_patch
+from nemo_gym_adapter.vllm import hooks as vllm_hooks
+from nemo_gym_adapter.vllm import patch as vllm_patch
 from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, follow_up, piecewise, plain_messages
 
 MAX_MODEL_LEN = 1024
@@ -471,7 +472,7 @@ def test_an_aborted_generation_is_a_503_when_patched_and_a_cut_200_when_stock(se
     """The abort guard on vLLM 0.24's real serving classes and FastAPI routes (the engine ends the request with
     ``finish_reason="abort"``): patched, a 503 naming the abort and counted; stock (the guard's originals put back),
     the cut text as a 200 success."""
-    from nemo_gym_adapter import vllm_abort
+    from nemo_gym_adapter.vllm import abort as vllm_abort
 
     server = servers("qwen25")
     monkeypatch.setattr(server.engine, "finish_reason", "abort")

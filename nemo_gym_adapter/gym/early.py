@@ -1,0 +1,39 @@
+"""Gym's servers that the trainer starts early, before verl builds its workers and vLLM: Gym's Ray head
+(:mod:`~nemo_gym_adapter.gym.ray_head`, ``nemo_gym.ray_head: early``) and a warm Gym launcher next to it
+(:mod:`~nemo_gym_adapter.gym.warm`, ``nemo_gym.warm_launcher``).
+
+Both recipe task runners wrap their start-up in :func:`early_gym_servers`; the rollout manager created later in the
+same process claims each server from its slot (``ray_head.claim_early_head``, ``warm.claim_early_warm``) and stops it
+at shutdown. This module is the only one that knows about both, so neither of the two imports the other's start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from nemo_gym_adapter.config import load_config
+from nemo_gym_adapter.gym import ray_head, warm
+from nemo_gym_adapter.gym.ray_head import GymRayHead
+
+
+@contextlib.contextmanager
+def early_gym_servers(config: Any) -> Iterator[GymRayHead | None]:
+    """Start Gym's Ray head now, if the trainer config (verl's, with our ``nemo_gym:`` section) wants one, for the
+    rollout manager created later in this process to claim (``ray_head.claim_early_head``), and, with
+    ``nemo_gym.warm_launcher``, a warm Gym launcher next to it (``warm.claim_early_warm``). On exit what nobody
+    claimed (start-up failed before the manager existed) is stopped; what was claimed is the manager's to stop."""
+    gym = load_config(config, check_files=False).gym
+    head = launcher = None
+    if ray_head.wants_head(gym):
+        head = ray_head.start_head_for(gym)
+        ray_head.EARLY.park(head)
+    try:
+        if warm.wants_warm(gym):  # after the head: its environment holds the head's token
+            launcher = warm.start_warm_for(gym, head)  # None (cold launch later) if it cannot start
+            warm.EARLY.park(launcher)
+        yield head
+    finally:
+        warm.EARLY.drop(launcher)
+        ray_head.EARLY.drop(head)

@@ -1,0 +1,201 @@
+"""What to start as NeMo Gym 0.7 (component 3, the specification half): the launch spec, its config file, command line
+and environment. Pure apart from reading the file system; :mod:`nemo_gym_adapter.gym.servers` runs it.
+
+Everything we set on Gym goes into one config file (``<run_dir>/ngv_launch.yaml``, :func:`launch_config`) merged
+after the user's Gym configs: the policy (our vLLM replicas), the head server, log and venv directories, timeouts.
+The policy API key never appears in it, in argv or in a file: the file says ``${oc.env:NGV_GYM_POLICY_API_KEY}``
+and the key reaches Gym through its environment (:func:`launch_env`). Gym config paths relative to the trainer's
+cwd become absolute (Gym runs in ``run_dir``); Gym-relative ones stay, for Gym to resolve (:func:`resolve_config_paths`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from nemo_gym_adapter import paths
+from nemo_gym_adapter.errors import AdapterConfigError
+
+TRAINING_MODEL_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
+API_KEY_ENV = "NGV_GYM_POLICY_API_KEY"  # the key reaches Gym via ${oc.env:...}, never argv or a file
+API_KEY_REF = "${oc.env:" + API_KEY_ENV + "}"
+# Trainer-side variables that must not leak into Gym's interpreter or make it join the trainer's Ray cluster
+# (Ray refuses a driver with another Python minor version anyway).
+_SCRUBBED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "RAY_ADDRESS", "CONDA_PREFIX")
+
+
+class GymLaunchSpec(BaseModel):
+    """What to start. Invalid values raise pydantic's ``ValidationError`` naming the field (use :meth:`parse`
+    to get an ``AdapterConfigError`` with dotted keys instead)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config_paths: list[str] = Field(min_length=1, description="Gym configs; relative: trainer cwd, then Gym's root")
+    policy_base_url: list[str] = Field(min_length=1, description="vLLM replicas: 'host:port' or 'http://host:port/v1'")
+    policy_model_name: str = Field(min_length=1)
+    policy_api_key: SecretStr = SecretStr("EMPTY")
+    host: str = Field("127.0.0.1", description="Gym's default_host and head host; a node IP when multi-node")
+    head_port: int | None = Field(None, ge=1, le=65535, description="None: a free port")
+    port_range: tuple[int, int] | None = Field(None, description="Gym's port_range_low/high for its servers")
+    ray_head_node_address: str | None = Field(None, description="a Ray cluster started with Gym's Python version")
+    ray_auth_token: SecretStr | None = Field(None, description="that cluster's token (ray_head.GymRayHead), env only")
+    gym_venv: Path = Field(default_factory=paths.gym_venv)
+    server_venvs_dir: Path | None = Field(
+        default_factory=paths.gym_server_venvs_dir, description="uv_venv_dir with prebuilt .venv links; None: uv"
+    )
+    config_overrides: dict[str, Any] = Field(default_factory=dict, description="merged last (written as YAML)")
+    hydra_overrides: list[str] = Field(default_factory=list, description="raw `gym env start` overrides, last")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for Gym")
+    startup_timeout_s: float = Field(300.0, gt=0)
+    stop_timeout_s: float = Field(3.0, gt=0, description="SIGTERM grace before SIGKILL (Ray agents ignore it)")
+    run_dir: Path | None = Field(None, description="Gym's cwd and logs; default logs/gym/<time>-<port>")
+
+    @field_validator("policy_base_url")
+    @classmethod
+    def _normalise_urls(cls, urls: list[str]) -> list[str]:
+        out = []
+        for i, url in enumerate(urls):
+            url = url.strip().rstrip("/")
+            if "://" not in url:
+                url = f"http://{url}"  # verl keys replicas by "ip:port"
+            if not re.fullmatch(r"https?://[^/\s]+(/v1)?", url):
+                raise ValueError(f"[{i}] {url!r} is not 'host:port' or 'http://host:port/v1'")
+            out.append(url if url.endswith("/v1") else f"{url}/v1")
+        return out
+
+    @field_validator("port_range")
+    @classmethod
+    def _ordered(cls, pr: tuple[int, int] | None) -> tuple[int, int] | None:
+        if pr is not None and not (1024 <= pr[0] < pr[1] <= 65535):
+            raise ValueError(f"{pr} must be (low, high) with 1024 <= low < high <= 65535")
+        return pr
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], prefix: str = "gym") -> GymLaunchSpec:
+        """Validate a plain dict (e.g. from the training config); errors name the dotted key, e.g. ``gym.host``."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            lines = [f"{prefix}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
+            raise AdapterConfigError("invalid Gym launch spec:\n  " + "\n  ".join(lines)) from e
+
+
+def gym_package_root(gym_venv: Path) -> Path:
+    """Gym's install root (site-packages holding ``nemo_gym/`` and the built-in ``resources_servers/`` etc.)."""
+    for site in sorted(gym_venv.glob("lib/python3*/site-packages")):
+        if (site / "nemo_gym").is_dir():
+            return site
+    raise AdapterConfigError(f"gym.gym_venv: no nemo_gym under {gym_venv}/lib/python3*/site-packages; run setup")
+
+
+def resolve_config_paths(spec: GymLaunchSpec, cwd: Path | None = None) -> list[str]:
+    """Make paths relative to the trainer's cwd absolute (Gym runs in ``run_dir``); keep Gym-relative ones as they
+    are, for Gym to resolve against its install root. A path found nowhere is an ``AdapterConfigError``."""
+    cwd = cwd or Path.cwd()
+    roots = [Path(r) for r in spec.env.get("NEMO_GYM_EXTRA_ROOTS", "").split(os.pathsep) if r]
+    roots.append(gym_package_root(spec.gym_venv))
+    out = []
+    for i, entry in enumerate(spec.config_paths):
+        p = Path(entry)
+        if p.is_absolute() or (cwd / p).is_file():
+            if not (cwd / p).is_file():
+                raise AdapterConfigError(f"gym.config_paths[{i}]: {entry} does not exist")
+            out.append(str((cwd / p).resolve()))
+        elif any((r / p).is_file() for r in roots):
+            out.append(entry)
+        else:
+            looked = ", ".join(str(r / p) for r in [cwd, *roots])
+            raise AdapterConfigError(f"gym.config_paths[{i}]: {entry!r} not found (looked in {looked})")
+    return out
+
+
+def launch_config(spec: GymLaunchSpec, head_port: int, run_dir: Path) -> dict[str, Any]:
+    """Everything we set on Gym, as one config file merged after the user's configs (CLI overrides still win)."""
+    cfg: dict[str, Any] = {
+        "policy_base_url": list(spec.policy_base_url),
+        "policy_api_key": API_KEY_REF,
+        "policy_model_name": spec.policy_model_name,
+        "default_host": spec.host,
+        "head_server": {"host": spec.host, "port": head_port},
+        "nemo_gym_log_dir": str(run_dir / "servers"),
+        # Gym gives up on its own after these; ours (same budget) names the culprit, so let ours fire first.
+        "server_spinup_timeout_seconds": spec.startup_timeout_s + 60,
+        "model_endpoint_readiness_timeout_seconds": spec.startup_timeout_s + 60,
+    }
+    if spec.server_venvs_dir is not None:
+        cfg.update(uv_venv_dir=str(spec.server_venvs_dir), skip_venv_if_present=True)
+    if spec.ray_head_node_address:
+        cfg["ray_head_node_address"] = spec.ray_head_node_address
+    if spec.port_range:
+        cfg.update(port_range_low=spec.port_range[0], port_range_high=spec.port_range[1])
+    return _deep_merge(cfg, spec.config_overrides)
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def launch_command(spec: GymLaunchSpec, config_paths: list[str], launch_yaml: Path) -> list[str]:
+    """``gym env start`` with the user's configs, then ours (``launch_yaml``), then the raw hydra overrides."""
+    return [
+        str(spec.gym_venv / "bin" / "gym"),
+        "env",
+        "start",
+        "+config_paths=[" + ",".join(json.dumps(p) for p in [*config_paths, str(launch_yaml)]) + "]",
+        *spec.hydra_overrides,
+    ]
+
+
+def gym_process_env(gym_venv: Path, extra: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of every process we start from Gym's venv (Gym, its Ray head): ``base`` (default: ours)
+    without trainer-side variables, plus ``extra``, Gym's venv first on PATH, unbuffered output, no Ray usage stats."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in _SCRUBBED_ENV}
+    env.update(extra)
+    env.update(
+        {
+            "PATH": f"{gym_venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+    )
+    return env
+
+
+def launch_env(spec: GymLaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Gym's environment for ``spec`` (:func:`gym_env`)."""
+    return gym_env(spec.gym_venv, spec.env, spec.policy_api_key, spec.ray_head_node_address, spec.ray_auth_token, base)
+
+
+def gym_env(
+    gym_venv: Path,
+    extra: dict[str, str],
+    api_key: SecretStr,
+    ray_address: str | None,
+    ray_token: SecretStr | None,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Gym's environment (:func:`gym_process_env` with ``extra``), the API key, and the Ray settings that keep Gym on
+    a cluster of its own; from the parts of a spec it depends on, so a warm launcher (:mod:`~nemo_gym_adapter.gym.warm`) can be given
+    it before the spec exists."""
+    env = gym_process_env(gym_venv, extra, base)
+    env[API_KEY_ENV] = api_key.get_secret_value()
+    if not ray_address:
+        # Gym calls ray.init() without an address, which joins the cluster named in /tmp/ray/ray_current_cluster
+        # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one.
+        env["RAY_ADDRESS"] = "local"
+    elif ray_token is not None:
+        # our own head (ray_head.GymRayHead): its token, through the environment only
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=ray_token.get_secret_value())
+    elif "RAY_AUTH_MODE" not in env and (Path.home() / ".ray" / "auth_token").exists():
+        # `ray start` (Ray >= 2.5x) enables token auth and writes this token, but a process that only connects
+        # stays in "disabled" mode and is refused; say "token" like the cluster (override via spec.env).
+        env["RAY_AUTH_MODE"] = "token"
+    return env

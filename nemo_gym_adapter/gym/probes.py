@@ -1,0 +1,151 @@
+"""What a Gym's rows pass through, and how to ask each of those servers whether it is alive.
+
+:class:`Topology` maps each agent to the Gym servers its rows need (from Gym's resolved global config) and each model
+proxy to its vLLM replicas; :class:`HttpProbes` are the real probes (any HTTP answer for a Gym server, ``/health``
+200 for a replica, vLLM's running + waiting gauges for a replica's load). Apart from :mod:`liveness` because this is
+the *what* and *how* of probing, fixed per Gym; :mod:`liveness` is the *policy* (``on_server_down``) and the step
+guard that act on the answers, and its tests swap these probes for fakes. Nothing here imports ``nemo_gym``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from nemo_gym_adapter.data.routing import GymRoutes
+
+_KINDS = {
+    "environment_servers": "environment",
+    "responses_api_agents": "agent",
+    "resources_servers": "resources",
+    "responses_api_models": "model",
+}
+
+
+@dataclass(frozen=True)
+class Server:
+    """One thing to probe: a Gym server instance (by its config name) or a vLLM replica (by ``host:port``)."""
+
+    name: str
+    kind: str  # environment | agent | resources | model | replica
+    url: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} server {self.name!r} ({self.url})"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What each agent's rows pass through. ``needs[agent]``: Gym servers; ``replicas[model]``: replica names."""
+
+    servers: Mapping[str, Server]
+    needs: Mapping[str, tuple[str, ...]]
+    replicas: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_gym(cls, global_config: Mapping[str, Any], routes: GymRoutes, head_host: str = "127.0.0.1") -> Topology:
+        inner: dict[str, Mapping[str, Any]] = {}
+        servers: dict[str, Server] = {}
+        for name, block in global_config.items():
+            for section, kind in _KINDS.items():
+                impls = block.get(section) if isinstance(block, Mapping) else None
+                for cfg in impls.values() if isinstance(impls, Mapping) else ():
+                    if isinstance(cfg, Mapping) and cfg.get("port"):
+                        host = cfg.get("host")
+                        host = head_host if host in (None, "", "0.0.0.0", "::") else host
+                        servers[str(name)], inner[str(name)] = (
+                            Server(str(name), kind, f"http://{host}:{cfg['port']}"),
+                            cfg,
+                        )
+        replicas: dict[str, tuple[str, ...]] = {}
+        for name, cfg in inner.items():
+            urls = cfg.get("base_url") if servers[name].kind == "model" else None
+            urls = [urls] if isinstance(urls, str) else [u for u in urls or () if isinstance(u, str)]
+            names = []
+            for url in urls:
+                root = url.rstrip("/").removesuffix("/v1")
+                replica = root.split("://", 1)[-1]
+                servers[replica] = Server(replica, "replica", f"{root}/health")
+                names.append(replica)
+            if names:
+                replicas[name] = tuple(names)
+
+        def refs(name: str) -> list[str]:
+            return [
+                str(v["name"])
+                for v in inner.get(name, {}).values()
+                if isinstance(v, Mapping)
+                and v.get("name") in servers
+                and v.get("type", "responses_api_agents") in _KINDS
+            ]
+
+        needs: dict[str, tuple[str, ...]] = {}
+        for agent, agent_routes in routes.servers_by_agent.items():
+            seen: list[str] = []
+            todo = [r.server for r in agent_routes] + [agent]
+            while todo:
+                name = todo.pop(0)
+                if name in servers and name not in seen and servers[name].kind != "replica":
+                    seen.append(name)
+                    todo.extend(refs(name))
+            needs[agent] = tuple(seen)
+        return cls(servers, needs, replicas)
+
+    def models_of(self, agent: str) -> list[str]:
+        return [name for name in self.needs.get(agent, ()) if name in self.replicas]
+
+
+Probe = Callable[[Server], Awaitable["str | None"]]
+"""``None`` when the server is alive, else why not (one line)."""
+Load = Callable[[Sequence[Server]], Awaitable["float | None"]]
+"""Requests running + waiting over these replicas, or None when unreadable."""
+
+
+class HttpProbes:
+    """The real probes (aiohttp, one session; create inside the event loop that uses it)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=self.timeout, cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    async def probe(self, server: Server) -> str | None:
+        try:
+            async with self._get().get(server.url, allow_redirects=False) as r:
+                if server.kind == "replica" and r.status != 200:
+                    return f"/health answered {r.status}"
+                return None
+        except asyncio.TimeoutError:
+            return f"no answer within {self.timeout.total:g}s"
+        except (aiohttp.ClientError, OSError) as e:
+            return f"unreachable ({type(e).__name__})"
+
+    async def load(self, replicas: Sequence[Server]) -> float | None:
+        total = 0.0
+        for replica in replicas:
+            try:
+                async with self._get().get(replica.url.removesuffix("/health") + "/metrics") as r:
+                    text = (await r.text()) if r.status == 200 else ""
+            except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+                return None
+            gauges = [
+                ln
+                for ln in text.splitlines()
+                if ln.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
+            ]
+            if not gauges:
+                return None
+            total += sum(float(ln.rsplit(" ", 1)[1]) for ln in gauges)
+        return total
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,307 @@
+"""Start, attach to and stop NeMo Gym 0.7 from the trainer process (component 3).
+
+Gym runs in its own venv (``paths.gym_venv()``) as ``<gym venv>/bin/gym env start`` -- one launcher process that
+starts a Ray cluster (Gym always calls ``ray.init``), a head server thread and one subprocess per configured server.
+We never import ``nemo_gym`` (it rewrites ``sys.path``, ``HF_HOME`` and ``builtins.print``); everything after the
+launch is HTTP against the head server: ``/health`` (200 only once every server and model endpoint answers),
+``/server_instances`` and ``/global_config_dict_yaml``. :meth:`GymServers.start` returns as soon as that condition
+holds (every instance and model endpoint answers), checked whenever Gym's log announces a server, instead of waiting
+for the head's flag, which Gym's launcher sets after its own fixed 3 s polling rounds (``GymServers._serves``).
+
+    with GymServers.start(GymLaunchSpec(config_paths=[...], policy_base_url=["127.0.0.1:8000"],
+                                        policy_model_name="m")) as gym:
+        gym.head_url, gym.global_config(), gym.server_instances(), gym.run_url("my_agent")
+
+Lifecycle (STYLE.md §8): the launcher runs in its own session with its log under ``run_dir``; Gym's per-server logs
+go to ``run_dir/servers/<name>.log``. Teardown (context exit, exception, ``stop()``, SIGTERM/atexit via
+``procs.stop_all``) stops the pid tree, then sweeps the launcher's *session*: Ray's agents are re-parented to init
+when the raylet dies and ignore SIGTERM, but they keep the session id, so they are found by it, never by name.
+``attach`` mode owns nothing and never stops anything. Given a Ray head started earlier (``start(spec, ray_head=)``,
+:mod:`nemo_gym_adapter.gym.ray_head`), Gym joins it instead of starting its own. What to start (spec, config file, command,
+environment) is :mod:`nemo_gym_adapter.gym.launch`; what a running Gym answers over HTTP is
+:class:`nemo_gym_adapter.gym.head.GymHead`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nemo_gym_adapter import paths
+from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
+from nemo_gym_adapter.gym.head import GymHead, GymServerInstance, answers, http_get
+from nemo_gym_adapter.gym.launch import (
+    TRAINING_MODEL_CONFIG,
+    GymLaunchSpec,
+    launch_command,
+    launch_config,
+    launch_env,
+    resolve_config_paths,
+)
+from nemo_gym_adapter.gym.ray_head import GymRayHead
+from nemo_gym_adapter.gym.warm import WarmLauncher
+from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, free_port, log_tail, session_members
+
+__all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
+
+logger = logging.getLogger(__name__)
+_CRASHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
+
+
+class GymServers(GymHead):
+    """A running NeMo Gym, started by us (:meth:`start`) or attached to (:meth:`attach`). Context manager."""
+
+    def __init__(self, head_url: str, launcher: SessionProcess | None = None, run_dir: Path | None = None) -> None:
+        super().__init__(head_url)
+        self._launcher = launcher
+        self.run_dir = run_dir
+        self.startup_seconds: float | None = None
+        self.spec: GymLaunchSpec | None = None  # what start() ran (head port fixed), for restart()
+        self.restarts = 0
+        self.on_restart: list[Callable[[GymServers], None]] = []  # run after each restart (e.g. a new pid file)
+        self.ray_head: GymRayHead | None = None  # the Ray head Gym joined (start(ray_head=)); used, not owned
+        self.ray_wait_seconds = 0.0  # of startup_seconds: waiting for that head
+        self.warm = False  # launched by a warm launcher (start(warm=)), not cold
+
+    @classmethod
+    def start(
+        cls, spec: GymLaunchSpec, ray_head: GymRayHead | None = None, warm: WarmLauncher | None = None
+    ) -> GymServers:
+        """Launch Gym and wait until the head reports ready and every server instance answers.
+
+        With ``ray_head`` (:class:`ray_head.GymRayHead`, started earlier), first wait for it and have Gym join it
+        (``ray_head_node_address`` and its token) instead of starting a Ray cluster of its own; the wait counts in
+        ``startup_seconds`` (``ray_wait_seconds`` alone). The head is used, not owned: :meth:`stop` leaves it.
+        With ``warm`` (:class:`warm.WarmLauncher`), that process runs the launch (its imports already done) and
+        becomes Gym's launcher, owned like a cold one; if it cannot, the launch is cold (it logs why).
+
+        Raises ``AdapterConfigError`` for a bad spec (before starting anything) and ``GymServerError`` naming the
+        server that is not ready (or the Ray head), with its log tail, on timeout or crash; everything started is
+        stopped first.
+        """
+        config_paths = resolve_config_paths(spec)
+        python = spec.gym_venv / "bin" / "python"
+        if not python.exists():
+            raise AdapterConfigError(f"gym.gym_venv: {python} missing; run scripts/setup.sh")
+        t0 = time.monotonic()
+        if ray_head is not None:
+            address = ray_head.wait_ready(spec.startup_timeout_s)
+            spec = spec.model_copy(update={"ray_head_node_address": address, "ray_auth_token": ray_head.auth_token})
+        ray_wait_s = time.monotonic() - t0
+        head_port = spec.head_port or free_port(spec.host if spec.host != "0.0.0.0" else "127.0.0.1")
+        run_dir = spec.run_dir or paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{head_port}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        launch_yaml = run_dir / "ngv_launch.yaml"
+        launch_yaml.write_text(json.dumps(launch_config(spec, head_port, run_dir), indent=1))  # JSON is YAML
+        cmd, env = launch_command(spec, config_paths, launch_yaml), launch_env(spec)
+        launcher = warm.launch(cmd, env, run_dir, run_dir / "gym.log") if warm is not None else None
+        warm_used = launcher is not None
+        if launcher is None:
+            launcher = SessionProcess("NeMo Gym launcher", cmd, run_dir / "gym.log", env=env, cwd=run_dir)
+        launcher.stop_timeout_s = spec.stop_timeout_s
+        gym = cls(f"http://{_connect_host(spec.host)}:{head_port}", launcher=launcher, run_dir=run_dir)
+        gym.ray_head, gym.ray_wait_seconds, gym.warm = ray_head, ray_wait_s, warm_used
+        try:
+            gym._wait_ready(t0 + spec.startup_timeout_s, spec)
+        except BaseException:
+            gym.stop()
+            raise
+        launcher.remember_descendants()
+        gym.startup_seconds = time.monotonic() - t0
+        gym.spec = spec.model_copy(update={"head_port": head_port, "run_dir": run_dir})
+        return gym
+
+    def restart(self, drop_replicas: Sequence[str] = ()) -> None:
+        """Stop this Gym and start it again from the same spec, on the same head port (``head_url`` stays), its logs
+        in ``<run_dir>/restart<n>``. ``drop_replicas`` (``host:port``) leave ``policy_base_url``: Gym 0.7's model
+        proxy cannot stop routing to a dead vLLM replica otherwise. Restarts every server: Gym's launcher stops
+        all of them anyway within a minute of one dying. Raises ``GymServerError`` for an attached Gym, when no
+        replica would be left, or (as :meth:`start`) when the new Gym does not come up. The Ray head Gym joined
+        (``start(ray_head=)``) is reused while it is alive, else restarted first. The launch is cold (a warm
+        launcher serves one launch: ``gym.warm``)."""
+        if self._launcher is None or self.spec is None:
+            raise GymServerError(f"Gym at {self.head_url} was not started by us; it cannot be restarted")
+        spec = self.spec
+        keep = [u for u in spec.policy_base_url if urllib.parse.urlsplit(u).netloc not in set(drop_replicas)]
+        if not keep:
+            raise GymServerError(f"Gym at {self.head_url}: every vLLM replica is down ({list(drop_replicas)})")
+        self.restarts += 1
+        run_dir = (self.run_dir or paths.logs_dir() / "gym") / f"restart{self.restarts}"
+        self.stop()
+        head = self.ray_head
+        if head is not None and not head.alive():
+            logger.warning("Gym's Ray head %s is gone (log %s); starting a new one", head.address, head.log_path)
+            head.restart()
+        new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}), ray_head=head)
+        # run_dir stays the first one (pid file, sweep); the new launcher logs under restart<n>/.
+        self._launcher, self.spec, self._config = new._launcher, new.spec, None
+        self.head_url, self.startup_seconds = new.head_url, new.startup_seconds
+        self.ray_wait_seconds, self.warm = new.ray_wait_seconds, new.warm
+        logger.warning(
+            "Gym restarted (%d) in %.1fs at %s, replicas %s",
+            self.restarts,
+            new.startup_seconds or 0,
+            self.head_url,
+            keep,
+        )
+        for hook in self.on_restart:
+            hook(self)
+
+    @classmethod
+    def attach(cls, head_url: str, timeout: float = 60.0) -> GymServers:
+        """Use a Gym someone else started (never stopped by us); waits up to ``timeout`` for it to be ready."""
+        gym = cls(head_url)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status, _ = http_get(f"{gym.head_url}/health")
+                if status == 200 and not gym.unready_instances():
+                    return gym
+                last = f"/health answered {status}"
+            except OSError as e:
+                last = str(e)
+            if time.monotonic() > deadline:
+                raise GymServerError(f"Gym head server at {gym.head_url}: not ready after {timeout:.0f}s ({last})")
+            time.sleep(0.5)
+
+    @property
+    def owned(self) -> bool:
+        """True when we started this Gym (and so stop it)."""
+        return self._launcher is not None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._launcher.log_path if self._launcher else None
+
+    def pids(self) -> set[int]:
+        """Launcher + every live descendant and session member (empty in attach mode)."""
+        if self._launcher is None:
+            return set()
+        self._launcher.remember_descendants()
+        pids = {self._launcher.pid, *self._launcher._known_descendants, *session_members(self._launcher.pid)}
+        return {p for p in pids if alive(p)}
+
+    def stop(self) -> None:
+        """Stop everything we started (idempotent); a no-op for an attached Gym."""
+        if self._launcher is not None:
+            self._launcher.stop()
+
+    def __enter__(self) -> GymServers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ readiness
+    def _wait_ready(self, deadline: float, spec: GymLaunchSpec) -> None:
+        """Return once Gym can serve rollouts (:meth:`_serves`); probes run when Gym's log says a server came up."""
+        launcher = self._launcher
+        assert launcher is not None  # only start() waits
+        log = LogWatch(launcher.log_path, _READY_MARKERS)
+        while True:
+            if not launcher.alive():
+                raise _start_failure(
+                    self, launcher, f"exited with code {launcher.popen.returncode} before becoming ready"
+                )
+            if self._serves(spec):
+                return
+            if time.monotonic() > deadline:
+                raise _start_failure(self, launcher, f"not ready after {spec.startup_timeout_s:.0f}s", spec)
+            log.wait(min(_FALLBACK_PROBE_S, max(0.0, deadline - time.monotonic())))
+
+    def _serves(self, spec: GymLaunchSpec) -> bool:
+        """Gym's own readiness condition, checked by us as soon as it may hold.
+
+        Gym's launcher marks its head ready (``/health`` 200) once every server instance answers HTTP and every model
+        endpoint answers, but it checks on a fixed 3 s cadence (and 3 s for the head itself). The same condition,
+        read from the head's ``/server_instances`` and the config's model ``base_url``s, holds up to a few seconds
+        earlier; nothing in a rollout depends on the head's flag. With Gym's model wait switched off
+        (``model_endpoint_readiness_timeout_seconds <= 0``) only Gym's own ``/health`` counts.
+        """
+        try:
+            status, _ = http_get(f"{self.head_url}/health", timeout=3.0)
+        except OSError:
+            return False  # the head server itself is not up yet
+        if status == 200:
+            return not self.unready_instances()
+        if float(spec.config_overrides.get("model_endpoint_readiness_timeout_seconds", 1)) <= 0:
+            return False
+        try:
+            # Read (once, cached) while the servers still start, not after the last one answers: parsing Gym's
+            # config is ~0.1 s that would otherwise sit at the end of the critical path.
+            endpoints = model_endpoints(self.global_config())
+            instances = self.server_instances()
+        except (OSError, GymServerError):
+            return False
+        # Gym publishes the instance list once every server process is spawned; before that it is empty.
+        if not instances or any(not answers(inst.url) for inst in instances.values()):
+            return False
+        return bool(endpoints) and all(answers(_probe_url(url)) for url in endpoints)
+
+
+# Without a log line that announces a server, probe this often anyway (a quiet server, another log format).
+_FALLBACK_PROBE_S = 1.0
+# What Gym's launcher log says when something became reachable: uvicorn binding (head and every server, whose
+# output Gym copies into the launcher's stdout) and Gym's own "All N / N servers ready!". Our own probes make the
+# head log access lines, which must not count as events, so only these do.
+_READY_MARKERS = (b"Uvicorn running on", b"servers ready")
+
+
+def model_endpoints(config: dict[str, Any]) -> list[str]:
+    """The model ``base_url``s Gym waits for before it calls itself ready (every ``responses_api_models`` block's
+    ``*base_url`` keys, a string or a list), deduplicated, in config order."""
+    urls: list[str] = []
+    for block in config.values():
+        models = block.get("responses_api_models") if isinstance(block, dict) else None
+        if not isinstance(models, dict):
+            continue
+        for server in models.values():
+            if not isinstance(server, dict):
+                continue
+            for key, value in server.items():
+                if str(key).endswith("base_url"):
+                    for url in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
+                        if isinstance(url, str) and url and url.rstrip("/") not in urls:
+                            urls.append(url.rstrip("/"))
+    return urls
+
+
+def _probe_url(base_url: str) -> str:
+    """What Gym GETs to see a model endpoint answer: ``<base>/models`` for an OpenAI ``/v1`` URL, else the URL."""
+    return f"{base_url}/models" if base_url.endswith("/v1") else base_url
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "") else host
+
+
+def _start_failure(
+    gym: GymServers, launcher: SessionProcess, why: str, spec: GymLaunchSpec | None = None
+) -> GymServerError:
+    """A GymServerError naming the culprit (crashed server, unready servers, unreachable model) + log tails."""
+    text = launcher.tail(400)
+    crashed = _CRASHED.findall(text)
+    if crashed:
+        culprits, detail = crashed, "crashed"
+    elif not answers(f"{gym.head_url}/health"):
+        state = "still starting (parsing config, starting Ray)" if launcher.alive() else "gone (config error?)"
+        culprits, detail = ["head server"], f"launcher {state}; not up"
+    else:
+        culprits = [n for n in gym.unready_instances() if n != "head server"]
+        detail = "not answering"
+        if not culprits and spec is not None:
+            culprits = [u for u in spec.policy_base_url if not answers(f"{u}/models")]
+            detail = "model endpoint not answering (Gym waits for it)"
+    parts = [f"NeMo Gym ({gym.head_url}): {why}; {detail}: {', '.join(culprits) or '-'}"]
+    for name in culprits:
+        server_log = (gym.run_dir or Path(".")) / "servers" / f"{name.replace('/', '_')}.log"
+        if server_log.exists():
+            parts.append(f"--- last lines of {server_log} ---\n{log_tail(server_log, 30)}")
+    parts.append(f"--- last lines of {launcher.log_path} ---\n{launcher.tail(40)}")
+    return GymServerError("\n".join(parts))

@@ -1,0 +1,183 @@
+"""Install the token-ID patch (:mod:`nemo_gym_adapter.vllm.hooks`) on vLLM: narrowly, visibly, idempotently.
+
+* :func:`apply_patch`: in this process (``nemo_gym_adapter.vllm.server`` does it before vLLM's server starts). It
+  picks the hook of the installed vLLM version (``vllm.hooks.HOOK_TARGETS``), raises ``SetupError`` for an
+  unsupported version or a missing hook, wraps it once (a second call reports ``already_patched``) and logs it.
+  It also installs the abort guard (:mod:`nemo_gym_adapter.vllm.abort`: an aborted completion answers 503).
+* :func:`apply_patch_to_actors`: inside verl's live rollout server actors (``vllm_server_{replica}_{node}``, found by
+  :func:`find_vllm_server_actors`) through ``actor.__ray_call__``; one :class:`PatchReport` per actor, or a
+  ``ServerError`` naming the actor that failed or did not answer.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nemo_gym_adapter.errors import ServerError, SetupError
+from nemo_gym_adapter.tokens.splice import ASSISTANT_EDITS
+from nemo_gym_adapter.vllm.abort import ABORT_GUARD_TARGETS, install_abort_guard
+from nemo_gym_adapter.vllm.hooks import OPTIONS, SENTINEL, hook_target_for, make_harmony_guard, make_wrapper
+
+logger = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class PatchReport:
+    """What ``apply_patch`` did in one process (picklable: it comes back from Ray actors)."""
+
+    vllm_version: str
+    hook: str
+    already_patched: bool
+    pid: int
+    actor: str | None = None
+    node_ip: str | None = None  # the Ray node's IP when applied inside an actor
+    assistant_edits: str = "keep_ids"
+
+
+def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
+    """Install the splice on this process's vLLM; idempotent (a second call reports ``already_patched``).
+
+    ``assistant_edits`` (``nemo_gym.assistant_edits``): what a tokenized assistant message whose text was changed
+    while its ids were kept gets: ``keep_ids`` (its ids win) or ``refuse`` (HTTP 400); set on every call.
+    Raises ``SetupError`` for an unsupported vLLM version, a missing hook or an unknown option.
+    """
+    import vllm
+
+    if assistant_edits not in ASSISTANT_EDITS:
+        raise SetupError(f"assistant_edits must be one of {ASSISTANT_EDITS}, got {assistant_edits!r}")
+
+    version = getattr(vllm, "__version__", "unknown")
+    target = hook_target_for(version)
+    class_name, method_name = target.qualname.split(".")
+    try:
+        cls = getattr(importlib.import_module(target.module), class_name)
+    except (ImportError, AttributeError) as e:
+        raise SetupError(f"vLLM {version}: cannot import {target.module}.{class_name} for the token-ID patch") from e
+    with _LOCK:
+        current = getattr(cls, method_name, None)
+        if current is None:
+            raise SetupError(f"vLLM {version}: {target.dotted} does not exist; the token-ID patch cannot be applied")
+        already = getattr(current, SENTINEL, None) is not None
+        if not already:
+            setattr(cls, method_name, make_wrapper(current))
+            logger.info("nemo-gym-verl token-ID patch installed on %s (vLLM %s)", target.dotted, version)
+        guarded = getattr(cls, target.guard, None)
+        if guarded is not None and getattr(guarded, SENTINEL, None) is None:
+            # Harmony (GPT-OSS) requests bypass the hook in this method: ids on them are refused, not ignored.
+            setattr(cls, target.guard, make_harmony_guard(guarded))
+        OPTIONS["assistant_edits"] = assistant_edits
+        # An aborted generation (weight sync in verl's async trainers) answers 503, not a cut "success".
+        if not install_abort_guard():
+            logger.info(
+                "nemo-gym-verl abort guard installed on %s (vLLM %s)",
+                ", ".join(t.endpoint for t in ABORT_GUARD_TARGETS),
+                version,
+            )
+    return PatchReport(version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits)
+
+
+def is_patched() -> bool:
+    """True when this process's vLLM hook carries the splice (False for unsupported or unimported vLLM)."""
+    import vllm
+
+    target = hook_target_for(getattr(vllm, "__version__", "unknown"))
+    class_name, method_name = target.qualname.split(".")
+    cls = getattr(importlib.import_module(target.module), class_name)
+    return getattr(getattr(cls, method_name, None), SENTINEL, None) is not None
+
+
+def _patch_inside_actor(actor_self: Any, assistant_edits: str = "keep_ids") -> PatchReport:
+    """Runs inside a live actor via ``__ray_call__`` (``actor_self`` is the actor instance)."""
+    import ray
+
+    report = apply_patch(assistant_edits)
+    name = None
+    try:
+        name = ray.get_runtime_context().get_actor_name()
+    except Exception:  # older Ray, or not in an actor: the report is still useful without a name
+        pass
+    return replace(report, actor=name or type(actor_self).__name__, node_ip=ray.util.get_node_ip_address())
+
+
+def apply_patch_to_actors(
+    actor_handles: Iterable[Any] | Mapping[str, Any], timeout: float = 120.0, *, assistant_edits: str = "keep_ids"
+) -> list[PatchReport]:
+    """Apply the patch inside each live actor (verl's ``vllm_server_*``) with ``actor.__ray_call__.remote``.
+
+    ``assistant_edits``: as for :func:`apply_patch`, set in every actor.
+    ``actor_handles``: handles, or a mapping name -> handle (names are used in errors). The actors must be able to
+    import ``nemo_gym_adapter`` (same venv / runtime env). Returns one report per actor, in order. Raises
+    ``ServerError`` naming the first actor that failed or did not answer within ``timeout`` seconds in total.
+    """
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    items: list[tuple[str | None, Any]] = (
+        list(actor_handles.items()) if isinstance(actor_handles, Mapping) else [(None, h) for h in actor_handles]
+    )
+    pending = [
+        (name or _describe_actor(h), h.__ray_call__.remote(_patch_inside_actor, assistant_edits)) for name, h in items
+    ]
+    deadline = time.monotonic() + timeout
+    reports = []
+    for label, ref in pending:
+        try:
+            reports.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+        except GetTimeoutError as e:
+            raise ServerError(f"vLLM token-ID patch: actor {label} did not answer within {timeout:.0f}s") from e
+        except Exception as e:  # RayTaskError wraps the actor-side error (e.g. SetupError for a wrong vLLM)
+            raise ServerError(f"vLLM token-ID patch failed in actor {label}: {e}") from e
+    return reports
+
+
+def _aborted_inside_actor(actor_self: Any) -> int:
+    from nemo_gym_adapter.vllm.abort import aborted_total
+
+    return aborted_total()
+
+
+def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> int | None:
+    """Sum over the server actors of the generations the abort guard answered 503 (``vllm.abort``); None
+    (logged) when any actor does not answer: a metric, never a failed step."""
+    import ray
+
+    try:
+        refs = [h.__ray_call__.remote(_aborted_inside_actor) for h in actor_handles.values()]
+        return int(sum(ray.get(refs, timeout=timeout)))
+    except Exception as e:  # a metric read must not fail a step
+        logger.warning("abort count from the vLLM server actors %s failed: %r", list(actor_handles), e)
+        return None
+
+
+def find_vllm_server_actors(prefix: str = "vllm_server_", all_namespaces: bool = False) -> dict[str, Any]:
+    """verl's rollout server actors by name: ``{prefix}{replica}_{node}[_{suffix}]`` (and PD ``decode_`` servers).
+
+    Reward and teacher servers (``vllm_server_reward_*``, ``vllm_server_teacher_*``) are not included.
+    """
+    import ray
+
+    pattern = re.compile(rf"^{re.escape(prefix)}(decode_)?\d+_\d+(_.+)?$")
+    found = {}
+    for entry in ray.util.list_named_actors(all_namespaces=all_namespaces):
+        name, namespace = (entry["name"], entry.get("namespace")) if isinstance(entry, dict) else (entry, None)
+        if pattern.match(name):
+            found[name] = ray.get_actor(name, namespace=namespace)
+    return dict(sorted(found.items()))
+
+
+def _describe_actor(handle: Any) -> str:
+    try:  # private Ray attributes: only for a readable error message
+        cls = handle._ray_actor_creation_function_descriptor.class_name
+        return f"{cls}({handle._actor_id.hex()})"
+    except Exception:
+        return repr(handle)

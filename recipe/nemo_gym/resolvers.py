@@ -1,0 +1,66 @@
+"""The OmegaConf resolvers the shipped hydra configs use (:func:`register_resolvers`; registered by
+``recipe.nemo_gym.main`` before hydra composes the config).
+
+``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
+installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
+``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use) and ``${ngv_manager:<use_v1>}``
+→ the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.config.MANAGER_CLASS_V1` for the v1 trainer,
+:data:`~nemo_gym_adapter.config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1
+from nemo_gym_adapter.errors import AdapterConfigError
+
+
+def gym_example_path(env: str, gym_venv: str | None = None) -> str:
+    """``<Gym install>/resources_servers/<env>/data/example.jsonl`` (raises ``AdapterConfigError`` if absent)."""
+    from nemo_gym_adapter import paths
+    from nemo_gym_adapter.gym.launch import gym_package_root
+
+    root = gym_package_root(Path(gym_venv) if gym_venv else paths.gym_venv())
+    path = root / "resources_servers" / env / "data" / "example.jsonl"
+    if not path.is_file():
+        known = sorted(p.parent.parent.name for p in (root / "resources_servers").glob("*/data/example.jsonl"))
+        raise AdapterConfigError(f"${{ngv_gym_example:{env}}}: Gym has no {path}; environments with examples: {known}")
+    return str(path)
+
+
+def configs_path(relative: str) -> str:
+    """A file shipped in the checkout's ``configs/`` directory, as an absolute path (hydra keeps the user's cwd)."""
+    from nemo_gym_adapter import paths
+
+    path = paths.REPO_ROOT / "configs" / relative
+    if not path.exists():
+        raise AdapterConfigError(f"${{ngv_configs:{relative}}}: {path} does not exist")
+    return str(path)
+
+
+def _tiny_model(family: str) -> str:
+    from nemo_gym_adapter.demo_models import build_tiny_model
+
+    return str(build_tiny_model(family))
+
+
+def manager_class(use_v1: Any) -> str:
+    """The rollout manager for ``trainer.use_v1`` (``${ngv_manager:${trainer.use_v1}}``)."""
+    return MANAGER_CLASS if use_v1 is False or str(use_v1).lower() == "false" else MANAGER_CLASS_V1
+
+
+def register_resolvers() -> None:
+    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_tiny_model`` and ``ngv_manager`` with OmegaConf
+    (idempotent)."""
+    from omegaconf import OmegaConf
+
+    for name, fn in (
+        ("ngv_manager", manager_class),
+        ("ngv_gym_example", gym_example_path),
+        ("ngv_configs", configs_path),
+        ("ngv_tiny_model", _tiny_model),
+    ):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn, use_cache=True)

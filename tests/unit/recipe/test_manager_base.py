@@ -1,0 +1,141 @@
+"""Unit tests of what every NeMo Gym rollout manager shares (``recipe.nemo_gym.manager_base``), with a fake verl
+manager base class (the real start-up, with verl's replicas and a real Gym, is tests/integration/recipe/test_agent_loop_manager)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_gym_adapter.config import load_config
+from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG
+from recipe.nemo_gym.manager_base import (
+    PID_FILE,
+    GymManagerBase,
+    client_config,
+    gym_launch_spec,
+    stop_gym,
+    trajectory_config,
+    write_pid_file,
+)
+from tests.support.recipe_config import GYM_CONFIG, minimal_recipe_config
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> dict[str, Any]:
+    return minimal_recipe_config(tmp_path)
+
+
+class FakeVerlManager:
+    """Stands in for verl's AgentLoopManager: keeps the constructor arguments as verl does."""
+
+    def __init__(self, config: Any, llm_client: Any, teacher_client: Any, reward_loop_worker_handles: Any) -> None:
+        self.config, self.llm_client = config, llm_client
+
+
+class FakeManager(GymManagerBase, FakeVerlManager):
+    pass
+
+
+class FakeGym:
+    """What ``write_pid_file``/``stop_gym`` use of ``GymServers``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.stopped = run_dir, False
+
+    def pids(self) -> set[int]:
+        return {os.getpid()}
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_launch_spec_points_gym_at_the_replicas_with_the_training_model_config(cfg):
+    cfg["nemo_gym"].update(host="10.0.0.2", head_port=12000, config_overrides={"x": {"y": 1}})
+    gym = load_config(cfg, check_files=False).gym
+    spec = gym_launch_spec(gym, ["http://10.0.0.1:8000/v1", "10.0.0.1:8001"], "/models/qwen", host="10.0.0.2")
+    assert spec.config_paths == [GYM_CONFIG, TRAINING_MODEL_CONFIG]
+    assert spec.policy_base_url == ["http://10.0.0.1:8000/v1", "http://10.0.0.1:8001/v1"]
+    assert (spec.policy_model_name, spec.host, spec.head_port) == ("/models/qwen", "10.0.0.2", 12000)
+    assert spec.config_overrides == {"x": {"y": 1}}
+
+
+def test_trajectory_and_client_configs_come_from_the_recipe(cfg):
+    cfg["nemo_gym"].update(trajectory={"contiguity": "truncate"}, client={"max_concurrency": 7, "timeout_s": 5})
+    recipe = load_config(cfg, check_files=False)
+    traj = trajectory_config(recipe, max_model_len=300)
+    assert (traj.prompt_length, traj.response_length, traj.max_model_len) == (256, 128, 300)
+    assert traj.contiguity == "truncate"
+    client = client_config(recipe.gym)
+    assert (client.max_concurrency, client.timeout_s, client.key_prefix) == (7, 5.0, "nemo_gym.client")
+
+
+def test_pid_file_records_the_session_and_goes_when_gym_stops(tmp_path):
+    gym = FakeGym(tmp_path)
+    write_pid_file(gym)  # type: ignore[arg-type]
+    record = json.loads((tmp_path / PID_FILE).read_text())
+    assert record["pids"] == [os.getpid()] and record["sessions"] == [os.getsid(os.getpid())]
+    stop_gym(gym)  # type: ignore[arg-type]
+    assert gym.stopped and not (tmp_path / PID_FILE).exists()
+
+
+def test_shutdown_undoes_start_up_newest_first_and_goes_on_after_a_failure(cfg):
+    manager = FakeManager(cfg, llm_client=None)
+    done: list[str] = []
+
+    def broken() -> None:
+        done.append("core")
+        raise RuntimeError("already closed")
+
+    manager.on_shutdown("Gym", lambda: done.append("gym"))
+    manager.on_shutdown("rollout core", broken)
+    manager.shutdown()
+    manager.shutdown()  # idempotent
+    assert done == ["core", "gym"]
+    with pytest.raises(AdapterError, match="after shutdown"):
+        manager.check_open()
+
+
+def test_sampling_follows_train_or_validation_settings(cfg):
+    manager = FakeManager(cfg, llm_client=None)
+    assert manager.sampling_overrides(False) == {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 128}
+    assert manager.sampling_overrides(True)["temperature"] == 0.0
+    with pytest.raises(AdapterError, match="teacher"):
+        FakeManager(cfg, llm_client=None, teacher_client={"t": object()})
+
+
+def test_a_ray_head_address_goes_to_gym_and_early_or_gym_give_none(cfg):
+    for mode, address in (("10.0.0.5:6379", "10.0.0.5:6379"), ("early", None), ("gym", None)):
+        cfg["nemo_gym"]["ray_head"] = mode
+        spec = gym_launch_spec(load_config(cfg, check_files=False).gym, ["10.0.0.1:8000"], "m", host="127.0.0.1")
+        assert spec.ray_head_node_address == address, mode
+
+
+def test_manager_starts_the_ray_head_when_the_runner_did_not_and_stops_it_at_shutdown(cfg, fake_gym_venv, tmp_path):
+    cfg["nemo_gym"].update(gym_venv=str(fake_gym_venv), run_dir=str(tmp_path / "gym"))
+    manager = FakeManager(cfg, llm_client=None)
+    head = manager._claim_ray_head()
+    assert head is not None and head.alive()
+    manager.shutdown()
+    assert not head.alive()
+    for section in ({"ray_head": "gym"}, {"head_url": "http://h:1", "config_paths": []}):
+        cfg["nemo_gym"].update(section)
+        assert FakeManager(cfg, llm_client=None)._claim_ray_head() is None
+
+
+def test_manager_starts_a_warm_launcher_next_to_the_head_and_stops_it_at_shutdown(cfg, fake_gym_venv, tmp_path):
+    cfg["nemo_gym"].update(gym_venv=str(fake_gym_venv), run_dir=str(tmp_path / "gym"))
+    manager = FakeManager(cfg, llm_client=None)
+    manager.ray_head = manager._claim_ray_head()
+    warm = manager._claim_warm()
+    assert warm is not None and warm.alive() and manager.ray_head is not None
+    assert warm.env["RAY_AUTH_TOKEN"] == manager.ray_head.auth_token.get_secret_value()  # joins that head
+    manager.shutdown()
+    assert not warm.alive() and not manager.ray_head.alive()
+    for section in ({"warm_launcher": False}, {"head_url": "http://h:1", "config_paths": []}):
+        cfg["nemo_gym"].update(section)
+        assert FakeManager(cfg, llm_client=None)._claim_warm() is None
