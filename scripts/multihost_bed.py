@@ -11,7 +11,7 @@ cluster with ``ray.init(address=<ray_address>)`` or ``ray_kwargs.ray_init.addres
 JSON line when ready and one after teardown (``leftovers`` empty when nothing was left on any host; exit status 1
 otherwise). Needs root for namespaces; falls back to loopback addresses 127.77.0.<i> otherwise (``--mode``). Heavy:
 run it under ``flock /work/wt/heavy.lock`` on the shared machine. The library is
-``tests.support.multihost`` (hosts: ``tests.support.hostnet``); ``tests/integration/test_multihost.py`` uses it.
+``tests.support.multihost`` (hosts: ``tests.support.hostnet``); ``tests/integration/gym/test_multihost.py`` uses it.
 """
 
 from __future__ import annotations

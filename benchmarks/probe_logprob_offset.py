@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where the rollout-vs-actor log-prob offset comes from: same weights, same tokens, one knob at a time.
 
-    flock /work/wt/heavy.lock .venv/bin/python scripts/probe_logprob_offset.py [--family qwen25] [--hf-only]
+    flock /work/wt/heavy.lock .venv/bin/python benchmarks/probe_logprob_offset.py [--family qwen25] [--hf-only]
 
 Every number is Δ = log p(knob) - log p(reference) over the same response tokens, reported as mean Δ (the sign
 shows a one-signed bias), mean |Δ| and max |Δ|. The reference is a plain Hugging Face forward (fp32, eager
@@ -365,7 +365,7 @@ def verl_rows(name: str, model_dir: Path, seqs, all_knobs: bool) -> Rows:
 
 def plain_vllm_rows(name: str, model_dir: Path, seqs) -> Rows:
     """A plain vLLM OpenAI server (no verl patch; vLLM's default raw_logprobs) on the same model and tokens."""
-    from nemo_gym_adapter.vllm_server import start_vllm_server
+    from nemo_gym_adapter.vllm.server import start_vllm_server
 
     rows, low = Rows(), LOW_TEMPERATURE
     with start_vllm_server(model_dir, served_model_name="probe", log_name="vllm-probe-offset") as server:

@@ -20,7 +20,7 @@ Prints CPU seconds (``time.process_time``, one torch thread) per stage, size and
 build + pad: everything from the JSON object to the padded tensors). CPU time, not wall time: on a shared machine
 wall time mostly measures the load of the neighbours.
 
-    .venv/bin/python scripts/bench_postprocess.py [--rollouts 1024] [--tokens 4096 8192] [--turns 4] [--rounds 3]
+    .venv/bin/python benchmarks/bench_postprocess.py [--rollouts 1024] [--tokens 4096 8192] [--turns 4] [--rounds 3]
         [--no-naive] [--anchor PATH | --no-anchor]
 """
 
@@ -43,8 +43,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runs from a checkout that is not installed
 
 from nemo_gym_adapter import paths  # noqa: E402
-from nemo_gym_adapter.padding import pad_trajectories
-from nemo_gym_adapter.trajectory import TrajectoryConfig, build_trajectory  # noqa: E402
+from nemo_gym_adapter.rollouts.padding import pad_trajectories
+from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig, build_trajectory  # noqa: E402
 from nemo_gym_adapter.wire import parse_run_result  # noqa: E402
 
 PAD = 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """verl's legacy trainer vs its v1 (TransferQueue) trainer on the same toy run, side by side.
 
-Runs ``scripts/bench_grpo_toy.py``'s recipe command (toy Gym environment, tiny model, CPU) once per trainer path on the
+Runs ``benchmarks/bench_grpo_toy.py``'s recipe command (toy Gym environment, tiny model, CPU) once per trainer path on the
 same rows and settings, one after the other (never concurrently: they would share 2 cores), then prints per path:
 start-up time, mean step time (verl's ``timing_s/step``, first step excluded), mean rollout throughput (the core's
 ``rollouts_per_s``), the adapter's share of a step (legacy: padding ``gym/timing/postprocess_s``; v1: building the
@@ -11,7 +11,7 @@ ratios. ``v1_async`` is verl's ``colocate_async`` mode: rollouts of the next bat
 rollout metrics (throughput, reward, adapter time) are averaged over the steps in which rollouts finished. The
 1-minute load average is printed with each run (a shared machine distorts timings).
 
-    .venv/bin/python scripts/bench_v1.py [--steps 10] [--paths legacy v1_sync v1_async] [-- hydra overrides...]
+    .venv/bin/python benchmarks/bench_v1.py [--steps 10] [--paths legacy v1_sync v1_async] [-- hydra overrides...]
 
 Not a test; run it under the heavy lock on a shared machine.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 PATHS = {
     "legacy": ["trainer.use_v1=false"],

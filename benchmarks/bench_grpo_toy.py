@@ -6,8 +6,8 @@ Runs ``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu`` as a subproce
 prints the reward per step, the first-5 vs last-5 mean reward (difference and ratio), the wall time per step (verl's
 ``timing_s/step``) and the start-up time, and writes the reward curve PNG (``recipe/nemo_gym/reporting.py``).
 
-    .venv/bin/python scripts/bench_grpo_toy.py [--steps 30] [--lr 1e-3] [--batch 8] [--n 8] [-- hydra overrides...]
-    .venv/bin/python scripts/bench_grpo_toy.py --metrics logs/bench_grpo_toy/<run>/metrics.jsonl   # report only
+    .venv/bin/python benchmarks/bench_grpo_toy.py [--steps 30] [--lr 1e-3] [--batch 8] [--n 8] [-- hydra overrides...]
+    .venv/bin/python benchmarks/bench_grpo_toy.py --metrics logs/bench_grpo_toy/<run>/metrics.jsonl   # report only
 
 The CPU hyper-parameters (overrides below) are chosen so the change is visible within a few dozen steps: a tiny
 random model's letter logits differ by ~0.1, so a GPU-sized lr (1e-6) would take thousands of steps; with Adam at

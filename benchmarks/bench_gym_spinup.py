@@ -24,7 +24,7 @@ Variants, each run ``--repeat`` times, one Gym alive at a time:
 Without ``--vllm`` Gym is pointed at a dead model URL and told not to wait for it, so only Gym is timed. With
 ``--vllm`` a tiny-qwen25 vLLM is started first (timed) and one ``/run`` is timed on every Gym.
 
-    .venv/bin/python scripts/bench_gym_spinup.py [--repeat 2] [--variants ours,by-hand,ray-up,early,warm] [--vllm]
+    .venv/bin/python benchmarks/bench_gym_spinup.py [--repeat 2] [--variants ours,by-hand,ray-up,early,warm] [--vllm]
                                                  [--overlap-s 5]
 """
 
@@ -44,9 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nemo_gym_adapter import paths  # noqa: E402
-from nemo_gym_adapter.gym_ray import GymRayHead  # noqa: E402
-from nemo_gym_adapter.gym_servers import GymServers  # noqa: E402
-from nemo_gym_adapter.gym_warm import WarmLauncher  # noqa: E402
+from nemo_gym_adapter.gym.ray_head import GymRayHead  # noqa: E402
+from nemo_gym_adapter.gym.servers import GymServers  # noqa: E402
+from nemo_gym_adapter.gym.warm import WarmLauncher  # noqa: E402
 from nemo_gym_adapter.procs import SessionProcess, free_port  # noqa: E402
 from tests.support.gym_fixtures import (  # noqa: E402
     SINGLE_TOOL_CALL_AGENT,

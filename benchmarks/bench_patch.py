@@ -11,7 +11,7 @@ Rounds interleave the variants so machine-load drift hits all of them alike; med
 
 Goal: patched / unpatched <= 1.3 at 8 turns / ~8k tokens.
 
-    python scripts/bench_patch.py [--family qwen25|qwen3|llama3|all] [--turns 8] [--tokens 8000] [--rounds 15]
+    python benchmarks/bench_patch.py [--family qwen25|qwen3|llama3|all] [--turns 8] [--tokens 8000] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def conversation(tok, family: str, turns: int, target_tokens: int) -> list[dict]
     """
     import random
 
-    from nemo_gym_adapter.splice import last_tokenized_assistant, splice_prompt
-    from nemo_gym_adapter.turn_template import turn_template_from_tokenizer
+    from nemo_gym_adapter.tokens.splice import last_tokenized_assistant, splice_prompt
+    from nemo_gym_adapter.tokens.turn_template import turn_template_from_tokenizer
 
     def render(msgs: list[dict], add_generation_prompt: bool) -> list[int]:
         text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt)
@@ -93,7 +93,8 @@ async def bench(model_path: str, family: str, turns: int, target_tokens: int, ro
     from vllm.renderers import renderer_from_config
     from vllm.renderers.online_renderer import OnlineRenderer
 
-    from nemo_gym_adapter import vllm_hooks, vllm_patch
+    from nemo_gym_adapter.vllm import hooks as vllm_hooks
+    from nemo_gym_adapter.vllm import patch as vllm_patch
 
     config = EngineArgs(model=model_path, max_model_len=16384, enforce_eager=True).create_engine_config()
     online = OnlineRenderer(
