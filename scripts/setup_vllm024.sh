@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM 0.24 test venv: the released GPU wheel's Python code (verl 0.9.1's `verl[vllm]` pin), runnable on a CPU
-# machine, so tests/integration/test_vllm024_hook.py executes our 0.20-0.24 hook against vLLM 0.24's real classes.
-# Idempotent and cached (a second run takes a second); scripts/setup.sh calls it. Git-ignored, under .cache/.
+# machine, so tests/integration/vllm/test_vllm024_hook.py executes our 0.20-0.24 hook against vLLM 0.24's real classes.
+# Idempotent and cached (a second run takes a second); scripts/setup_tests.sh calls it. Git-ignored, under .cache/.
 #
 #   .cache/vllm024-venv   Python 3.11; vllm==0.24.0 installed --no-deps (the CUDA wheel: its compiled kernels are
 #                         never loaded, nothing here runs a model), the pure-Python dependencies its serving, render
@@ -48,7 +48,7 @@ if [ -f "$VENV/.ngv-stamp" ] && [ "$(cat "$VENV/.ngv-stamp")" = "$SPEC" ]; then
   exit 0
 fi
 [ -z "${NGV_SETUP_NO_INSTALL:-}" ] ||
-  die "the vLLM $VLLM_VERSION test venv ($VENV) is not set up for this checkout's pins and NGV_SETUP_NO_INSTALL is set: run scripts/setup.sh"
+  die "the vLLM $VLLM_VERSION test venv ($VENV) is not set up for this checkout's pins and NGV_SETUP_NO_INSTALL is set: run scripts/setup_tests.sh"
 PY="${NGV_VLLM024_PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || die "no $PY found for the vLLM $VLLM_VERSION test venv: install Python 3.11 or set NGV_VLLM024_PYTHON"
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# What only the tests need, on top of scripts/setup.sh (which this runs first). Idempotent: seconds once done.
+#
+#   .venv                  + pytest & co, ruff and mypy (the lint step)
+#   .cache/vllm024-venv    verl 0.9.1's GPU vLLM pin (0.24.0), its Python code only, so the 0.20-0.24 hook is executed
+#                          against vLLM 0.24's real classes (scripts/setup_vllm024.sh)
+#
+# Knobs: those of scripts/setup.sh, plus NGV_SKIP_VLLM024=1 (no vLLM 0.24 venv; its test is skipped).
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+CACHE="${NGV_CACHE_DIR:-$REPO/.cache}"
+export PIP_CACHE_DIR="$CACHE/pip"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+TEST_DEPS=("pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" "hypothesis>=6.100" "ruff>=0.6" "mypy>=1.10")
+
+say() { printf '[setup-tests] %s\n' "$*"; }
+die() { printf '[setup-tests] ERROR: %s\n' "$*" >&2; exit 1; }
+
+bash scripts/setup.sh
+
+SPEC="${TEST_DEPS[*]}"
+if [ -f .venv/.ngv-test-stamp ] && [ "$(cat .venv/.ngv-test-stamp)" = "$SPEC" ]; then
+  say "test tools up to date (.venv)"
+elif [ -n "${NGV_SETUP_NO_INSTALL:-}" ]; then
+  die "test tools are not installed in .venv and NGV_SETUP_NO_INSTALL is set: run scripts/setup_tests.sh"
+else
+  say "installing the test tools into .venv: ${TEST_DEPS[*]}"
+  .venv/bin/python -m pip install -q "${TEST_DEPS[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  echo "$SPEC" > .venv/.ngv-test-stamp
+fi
+
+if [ "${NGV_SKIP_VLLM024:-0}" = "1" ]; then
+  say "NGV_SKIP_VLLM024=1: skipping the vLLM 0.24 test venv (its test is skipped too)"
+else
+  NGV_CACHE_DIR="$CACHE" bash scripts/setup_vllm024.sh
+fi
+say "done"
