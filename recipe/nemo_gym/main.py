@@ -62,6 +62,7 @@ def run(cfg: DictConfig) -> int:
         return 2
     run_dir = _prepare_run_dir(cfg)
     metrics_path = _file_logger_path(cfg, run_dir)
+    _quiet_console(cfg)
     _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
     OmegaConf.resolve(cfg)  # our resolvers exist only in this process; verl's TaskRunner gets plain values
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -135,6 +136,40 @@ def _write_reward_curve(metrics_path: Path) -> None:
         logger.warning("no reward curve written: %s", e)
         return
     print("\n".join(f"[nemo-gym-verl] {line}" for line in text.splitlines()), flush=True)
+
+
+# verl warns at import, in every process, about each optional training engine that is not installed (torchtitan,
+# veomni, automodel, mindspeed, megatron): ~10 console lines per process that nobody using FSDP can act on.
+VERL_ENGINE_NOTICES = "ignore::UserWarning:verl.workers.engine"
+
+
+def _quiet_console(cfg: DictConfig) -> None:
+    """Defaults (a value the user set wins) that keep the console to what a user may act on, in every Ray worker:
+
+    - ``TQ_NUM_THREADS``: TransferQueue sizes torch's thread pool to it (default 8) on every put and get, and warns
+      each time 8 exceeds the node's physical cores (200+ identical warnings in a 30-step run on 2 cores); the
+      node's physical cores, at most 8, is what it would fall back to anyway;
+    - ``PYTHONWARNINGS``: :data:`VERL_ENGINE_NOTICES` appended.
+    """
+    import warnings
+
+    import psutil
+
+    key = "ray_kwargs.ray_init.runtime_env.env_vars"
+    env_vars = OmegaConf.select(cfg, key, default=None)
+    current = OmegaConf.to_container(env_vars, resolve=True) if env_vars is not None else {}
+    if not isinstance(current, dict):
+        return  # not a mapping: verl's own config check names it
+    extra: dict[str, str] = {}
+    if "TQ_NUM_THREADS" not in current and "TQ_NUM_THREADS" not in os.environ:
+        extra["TQ_NUM_THREADS"] = str(max(1, min(8, psutil.cpu_count(logical=False) or 1)))
+    filters = [f for f in (current.get("PYTHONWARNINGS") or os.environ.get("PYTHONWARNINGS", "")).split(",") if f]
+    if VERL_ENGINE_NOTICES not in filters:
+        extra["PYTHONWARNINGS"] = ",".join([*filters, VERL_ENGINE_NOTICES])
+    with open_dict(cfg):
+        for name, value in extra.items():
+            OmegaConf.update(cfg, f"{key}.{name}", value, force_add=True)
+    warnings.filterwarnings("ignore", category=UserWarning, module="verl.workers.engine")  # this process
 
 
 def _apply_runtime_env(cfg: DictConfig) -> None:
