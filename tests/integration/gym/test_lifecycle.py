@@ -210,7 +210,7 @@ def test_sigterm_to_the_trainer_stops_gym_and_ray(tmp_path, mode):
                 GymServers.attach(info["head_url"], timeout=10)
             assert "raylet" in _cmdlines(info["pids"])
             if mode == "warm-waiting":
-                assert "gym_warm_boot.py" in _cmdlines(info["warm"])
+                assert "gym/warm_boot.py" in _cmdlines(info["warm"])
             child.send_signal(signal.SIGTERM)
             assert child.wait(timeout=60) == -signal.SIGTERM
         pids = set(info["pids"]) | rec.seen
