@@ -44,9 +44,17 @@ from nemo_gym_adapter.gym.launch import (
     launch_env,
     resolve_config_paths,
 )
+from nemo_gym_adapter.gym.ports import (
+    BIND_FAILED_MARKER,
+    HEAD_SERVER,
+    GymPortInUseError,
+    free_port_in,
+    port_collisions,
+    safe_port_range,
+)
 from nemo_gym_adapter.gym.ray_head import GymRayHead
 from nemo_gym_adapter.gym.warm import WarmLauncher
-from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, free_port, log_tail, session_members
+from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, log_tail, session_members
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
 
@@ -81,10 +89,47 @@ class GymServers(GymHead):
         With ``warm`` (:class:`warm.WarmLauncher`), that process runs the launch (its imports already done) and
         becomes Gym's launcher, owned like a cold one; if it cannot, the launch is cold (it logs why).
 
+        A server (or the head server) that loses its port to another process between Gym's probe and its bind is
+        relaunched with new ports, with a warning naming the server and the port, up to ``spec.port_retries`` times
+        (:mod:`~nemo_gym_adapter.gym.ports`); each retry logs under ``<run_dir>/port_retry<n>`` and launches cold (a
+        warm launcher serves one launch); a lost head port is retried only when ``spec.head_port`` was not pinned.
+        ``run_dir`` stays the first attempt's (pid records, restarts).
+
         Raises ``AdapterConfigError`` for a bad spec (before starting anything) and ``GymServerError`` naming the
-        server that is not ready (or the Ray head), with its log tail, on timeout or crash; everything started is
-        stopped first.
+        server that is not ready (or the Ray head), with its log tail, on timeout or crash
+        (``ports.GymPortInUseError`` once the retries are spent); everything started is stopped first.
         """
+        pinned_head = spec.head_port is not None
+        first_run_dir: Path | None = None  # the first attempt's (its default name is only known once it ran)
+        for attempt in range(spec.port_retries + 1):
+            try:
+                gym = cls._start_once(spec, ray_head, warm)
+            except GymPortInUseError as e:
+                if attempt == spec.port_retries or (e.server == HEAD_SERVER and pinned_head):
+                    raise
+                first_run_dir = first_run_dir or e.run_dir
+                retry_dir = first_run_dir / f"port_retry{attempt + 1}" if first_run_dir is not None else None
+                logger.warning(
+                    "NeMo Gym: %s lost port %d to another process (address already in use); relaunching Gym with new "
+                    "ports (retry %d of nemo_gym.port_retries=%d, logs in %s)",
+                    e.server,
+                    e.port,
+                    attempt + 1,
+                    spec.port_retries,
+                    retry_dir,
+                )
+                spec, warm = spec.model_copy(update={"run_dir": retry_dir}), None
+                continue
+            if first_run_dir is not None:
+                gym.run_dir = first_run_dir
+            return gym
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    @classmethod
+    def _start_once(
+        cls, spec: GymLaunchSpec, ray_head: GymRayHead | None = None, warm: WarmLauncher | None = None
+    ) -> GymServers:
+        """One launch of :meth:`start` (no retry)."""
         config_paths = resolve_config_paths(spec)
         python = spec.gym_venv / "bin" / "python"
         if not python.exists():
@@ -94,7 +139,8 @@ class GymServers(GymHead):
             address = ray_head.wait_ready(spec.startup_timeout_s)
             spec = spec.model_copy(update={"ray_head_node_address": address, "ray_auth_token": ray_head.auth_token})
         ray_wait_s = time.monotonic() - t0
-        head_port = spec.head_port or free_port(spec.host if spec.host != "0.0.0.0" else "127.0.0.1")
+        probe_host = spec.host if spec.host != "0.0.0.0" else "127.0.0.1"
+        head_port = spec.head_port or free_port_in(probe_host, *(spec.port_range or safe_port_range()))
         run_dir = spec.run_dir or paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{head_port}"
         run_dir.mkdir(parents=True, exist_ok=True)
         launch_yaml = run_dir / "ngv_launch.yaml"
@@ -205,6 +251,16 @@ class GymServers(GymHead):
         assert launcher is not None  # only start() waits
         log = LogWatch(launcher.log_path, _READY_MARKERS)
         while True:
+            lost = port_collisions(launcher.tail(400))
+            if lost:  # Gym stops everything within a polling round anyway (or, for the head, waits forever)
+                server, port = lost[0]
+                raise GymPortInUseError(
+                    f"NeMo Gym ({self.head_url}): {server} could not bind port {port}: address already in use\n"
+                    f"--- last lines of {launcher.log_path} ---\n{launcher.tail(20)}",
+                    server=server,
+                    port=port,
+                    run_dir=self.run_dir,
+                )
             if not launcher.alive():
                 raise _start_failure(
                     self, launcher, f"exited with code {launcher.popen.returncode} before becoming ready"
@@ -250,7 +306,8 @@ _FALLBACK_PROBE_S = 1.0
 # What Gym's launcher log says when something became reachable: uvicorn binding (head and every server, whose
 # output Gym copies into the launcher's stdout) and Gym's own "All N / N servers ready!". Our own probes make the
 # head log access lines, which must not count as events, so only these do.
-_READY_MARKERS = (b"Uvicorn running on", b"servers ready")
+# A server's failed bind wakes it too (ports.port_collisions).
+_READY_MARKERS = (b"Uvicorn running on", b"servers ready", BIND_FAILED_MARKER)
 
 
 def model_endpoints(config: dict[str, Any]) -> list[str]:

@@ -326,6 +326,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
         config_paths.append(TRAINING_MODEL_CONFIG)
     optional = {
         "head_port": gym.head_port,
+        "port_range": gym.port_range,
         "gym_venv": gym.gym_venv,
         "run_dir": gym.run_dir,
         "ray_head_node_address": gym.external_ray_head,  # a Ray head someone else runs
@@ -341,6 +342,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
             "hydra_overrides": gym.hydra_overrides,
             "env": gym.env,
             "startup_timeout_s": gym.startup_timeout_s,
+            "port_retries": gym.port_retries,
             **{k: v for k, v in optional.items() if v is not None},
         },
         prefix="nemo_gym",

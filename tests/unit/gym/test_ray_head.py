@@ -34,6 +34,8 @@ def test_head_command_runs_ray_from_gyms_venv_with_its_own_ports_and_temp_dir(tm
     assert cmd[:4] == [str(tmp_path / "venv" / "bin" / "ray"), "start", "--head", "--block"]
     assert {"--port=41000", "--ray-client-server-port=41001", "--dashboard-agent-listen-port=41002"} <= set(cmd)
     assert "--include-dashboard=false" in cmd and f"--temp-dir={tmp_path / 't'}" in cmd
+    # its workers and drivers (Gym's launcher and servers) get ephemeral ports, not Ray's CLI band = Gym's default
+    assert {"--min-worker-port=0", "--max-worker-port=0"} <= set(cmd)
     assert not [a for a in head_command(tmp_path, 1, None, 2, tmp_path) if "client-server" in a]  # no grpc: no flag
 
 
