@@ -24,7 +24,8 @@ The head process:
 - is a ``procs.SessionProcess``: :meth:`GymRayHead.stop` stops the tree, then sweeps its session (Ray's agents are
   re-parented to init and ignore SIGTERM); registered with ``procs``, so atexit/SIGTERM stop it too; and, when it
   has a run directory, ``<run_dir>/gym_ray.pid`` (:data:`PID_FILE`) names its session until it stops, for the
-  driver's sweep (``recipe.nemo_gym.main.sweep_gym``) if the process that started it is killed outright.
+  sweeps of :mod:`nemo_gym_adapter.reaper` (the trainer's watchdog, the driver) if the process that started it is
+  killed outright.
 
 In the trainer (:func:`nemo_gym_adapter.gym.early.early_gym_servers`): both recipe task runners start the head before ``init_workers``/``init``,
 in the TaskRunner actor that later creates the rollout manager, and park it in :data:`EARLY` (a process-wide handle);
@@ -59,8 +60,8 @@ from nemo_gym_adapter.procs import (
     free_port,
     log_tail,
     session_members,
-    write_pid_record,
 )
+from nemo_gym_adapter.reaper import write_pid_record
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ for the head's flag, which Gym's launcher sets after its own fixed 3 s polling r
         gym.head_url, gym.global_config(), gym.server_instances(), gym.run_url("my_agent")
 
 Lifecycle (STYLE.md §8): the launcher runs in its own session with its log under ``run_dir``; Gym's per-server logs
-go to ``run_dir/servers/<name>.log``. Teardown (context exit, exception, ``stop()``, SIGTERM/atexit via
+go to ``run_dir/servers/<name>.log``; ``run_dir/gym.pid`` (:data:`PID_FILE`, a ``reaper`` record) names that session
+from the launch until :meth:`GymServers.stop`, for a sweep should the process that started Gym be killed outright. Teardown (context exit, exception, ``stop()``, SIGTERM/atexit via
 ``procs.stop_all``) stops the pid tree, then sweeps the launcher's *session*: Ray's agents are re-parented to init
 when the raylet dies and ignore SIGTERM, but they keep the session id, so they are found by it, never by name.
 ``attach`` mode owns nothing and never stops anything. Given a Ray head started earlier (``start(spec, ray_head=)``,
@@ -55,10 +56,12 @@ from nemo_gym_adapter.gym.ports import (
 from nemo_gym_adapter.gym.ray_head import GymRayHead
 from nemo_gym_adapter.gym.warm import WarmLauncher
 from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, log_tail, session_members
+from nemo_gym_adapter.reaper import write_pid_record
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
 
 logger = logging.getLogger(__name__)
+PID_FILE = "gym.pid"  # in a launch's run dir from its launch until it is stopped (reaper; the manager rewrites it)
 _CRASHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
 
 
@@ -76,6 +79,7 @@ class GymServers(GymHead):
         self.ray_head: GymRayHead | None = None  # the Ray head Gym joined (start(ray_head=)); used, not owned
         self.ray_wait_seconds = 0.0  # of startup_seconds: waiting for that head
         self.warm = False  # launched by a warm launcher (start(warm=)), not cold
+        self._record: Path | None = None  # the launch's pid record (PID_FILE in its run dir) until stop()
 
     @classmethod
     def start(
@@ -151,7 +155,10 @@ class GymServers(GymHead):
         if launcher is None:
             launcher = SessionProcess("NeMo Gym launcher", cmd, run_dir / "gym.log", env=env, cwd=run_dir)
         launcher.stop_timeout_s = spec.stop_timeout_s
+        # From the launch on, not only once Gym is ready: the launcher leads the session every Gym server joins.
+        write_pid_record(run_dir / PID_FILE, [launcher.pid])
         gym = cls(f"http://{_connect_host(spec.host)}:{head_port}", launcher=launcher, run_dir=run_dir)
+        gym._record = run_dir / PID_FILE
         gym.ray_head, gym.ray_wait_seconds, gym.warm = ray_head, ray_wait_s, warm_used
         try:
             gym._wait_ready(t0 + spec.startup_timeout_s, spec)
@@ -186,7 +193,7 @@ class GymServers(GymHead):
             head.restart()
         new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}), ray_head=head)
         # run_dir stays the first one (pid file, sweep); the new launcher logs under restart<n>/.
-        self._launcher, self.spec, self._config = new._launcher, new.spec, None
+        self._launcher, self.spec, self._config, self._record = new._launcher, new.spec, None, new._record
         self.head_url, self.startup_seconds = new.head_url, new.startup_seconds
         self.ray_wait_seconds, self.warm = new.ray_wait_seconds, new.warm
         logger.warning(
@@ -237,6 +244,8 @@ class GymServers(GymHead):
         """Stop everything we started (idempotent); a no-op for an attached Gym."""
         if self._launcher is not None:
             self._launcher.stop()
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
 
     def __enter__(self) -> GymServers:
         return self

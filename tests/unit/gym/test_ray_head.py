@@ -125,10 +125,13 @@ def _config(tmp_path: Path, venv: Path, **section) -> dict:
     return cfg
 
 
-def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(fake_gym_venv, tmp_path):
+def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(
+    fake_gym_venv, tmp_path, watchdog_requests
+):
     cfg = _config(tmp_path, fake_gym_venv)
     with early_gym_servers(cfg) as head:
         assert head is not None and head.alive() and head.run_dir == tmp_path / "gym"
+        assert watchdog_requests == [tmp_path / "gym"]  # set before the head started (reaper)
         claimed = claim_early_head()
         assert claimed is head and claim_early_head() is None  # claimed once; now the claimer's
     try:

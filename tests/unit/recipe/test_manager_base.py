@@ -81,11 +81,12 @@ def test_trajectory_and_client_configs_come_from_the_recipe(cfg):
     assert (client.max_concurrency, client.timeout_s, client.key_prefix) == (7, 5.0, "nemo_gym.client")
 
 
-def test_pid_file_records_the_session_and_goes_when_gym_stops(tmp_path):
+def test_pid_file_records_the_session_and_goes_when_gym_stops(tmp_path, watchdog_requests):
     gym = FakeGym(tmp_path)
     write_pid_file(gym)  # type: ignore[arg-type]
     record = json.loads((tmp_path / PID_FILE).read_text())
     assert record["pids"] == [os.getpid()] and record["sessions"] == [os.getsid(os.getpid())]
+    assert watchdog_requests == [tmp_path]  # swept by a watchdog should this process be killed outright (reaper)
     stop_gym(gym)  # type: ignore[arg-type]
     assert gym.stopped and not (tmp_path / PID_FILE).exists()
 
