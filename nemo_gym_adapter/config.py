@@ -14,6 +14,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       hydra_overrides: []            # raw `gym env start` overrides
       host: null                     # a started Gym's bind host; null: 127.0.0.1 (only this host calls it)
       head_port: null                # null: a free port
+      port_range: null               # [low, high] of Gym's servers' ports; null: a band Ray and the kernel never hand out
+      port_retries: 2                # relaunches with new ports when a Gym server loses its port at start-up
       gym_venv: null                 # null: paths.gym_venv() (NGV_GYM_VENV)
       ray_head: early                # Gym's Ray: early (started before verl's workers, gym_ray) | gym | host:port
       warm_launcher: true            # Gym's launcher pre-imported next to the Ray head (gym.warm); false: cold
@@ -107,6 +109,12 @@ class NemoGymConfig(_Section):
     hydra_overrides: list[str] = Field(default_factory=list)
     host: str | None = None
     head_port: int | None = Field(None, ge=1, le=65535)
+    # Gym's servers' ports (Gym's port_range_low/high); null: gym.ports.safe_port_range(), outside Ray's CLI worker
+    # ports and the kernel's ephemeral range (Gym's own default is Ray's band: a start-up race).
+    port_range: tuple[int, int] | None = None
+    # A Gym server that still loses its port at start-up (another process took it): relaunch Gym with new ports this
+    # many times, logged, then fail.
+    port_retries: int = Field(2, ge=0)
     gym_venv: str | None = None
     # The Ray cluster Gym joins (Gym 0.7 always calls ray.init): early -- a head from Gym's venv started while verl
     # starts (nemo_gym_adapter.gym.ray_head) --, gym -- Gym starts its own --, or the host:port of a running one started
@@ -157,6 +165,16 @@ class NemoGymConfig(_Section):
         # A derived config cannot delete a key it inherits (OmegaConf merges dicts), so `<block>: null` means "no
         # override for this Gym block": e.g. a demo config switching environments drops its parent's agent override.
         return {name: value for name, value in overrides.items() if value is not None}
+
+    @field_validator("port_range")
+    @classmethod
+    def _port_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not (1024 <= value[0] < value[1] <= 65535):
+            raise ValueError(
+                "must be [low, high] with 1024 <= low < high <= 65535, e.g. [20000, 32767] (null: a band outside "
+                "Ray's worker ports and the kernel's ephemeral range)"
+            )
+        return value
 
     @field_validator("ray_head")
     @classmethod

@@ -2,7 +2,8 @@
 and environment. Pure apart from reading the file system; :mod:`nemo_gym_adapter.gym.servers` runs it.
 
 Everything we set on Gym goes into one config file (``<run_dir>/ngv_launch.yaml``, :func:`launch_config`) merged
-after the user's Gym configs: the policy (our vLLM replicas), the head server, log and venv directories, timeouts.
+after the user's Gym configs: the policy (our vLLM replicas), the head server, log and venv directories, timeouts,
+the port band of its servers (:mod:`~nemo_gym_adapter.gym.ports`).
 The policy API key never appears in it, in argv or in a file: the file says ``${oc.env:NGV_GYM_POLICY_API_KEY}``
 and the key reaches Gym through its environment (:func:`launch_env`). Gym config paths relative to the trainer's
 cwd become absolute (Gym runs in ``run_dir``); Gym-relative ones stay, for Gym to resolve (:func:`resolve_config_paths`).
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.gym.ports import safe_port_range
 
 TRAINING_MODEL_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 API_KEY_ENV = "NGV_GYM_POLICY_API_KEY"  # the key reaches Gym via ${oc.env:...}, never argv or a file
@@ -41,7 +43,10 @@ class GymLaunchSpec(BaseModel):
     policy_api_key: SecretStr = SecretStr("EMPTY")
     host: str = Field("127.0.0.1", description="Gym's default_host and head host; a node IP when multi-node")
     head_port: int | None = Field(None, ge=1, le=65535, description="None: a free port")
-    port_range: tuple[int, int] | None = Field(None, description="Gym's port_range_low/high for its servers")
+    port_range: tuple[int, int] | None = Field(
+        None, description="Gym's port_range_low/high for its servers; None: ports.safe_port_range()"
+    )
+    port_retries: int = Field(2, ge=0, description="relaunches with new ports when a server loses its port")
     ray_head_node_address: str | None = Field(None, description="a Ray cluster started with Gym's Python version")
     ray_auth_token: SecretStr | None = Field(None, description="that cluster's token (ray_head.GymRayHead), env only")
     gym_venv: Path = Field(default_factory=paths.gym_venv)
@@ -131,8 +136,9 @@ def launch_config(spec: GymLaunchSpec, head_port: int, run_dir: Path) -> dict[st
         cfg.update(uv_venv_dir=str(spec.server_venvs_dir), skip_venv_if_present=True)
     if spec.ray_head_node_address:
         cfg["ray_head_node_address"] = spec.ray_head_node_address
-    if spec.port_range:
-        cfg.update(port_range_low=spec.port_range[0], port_range_high=spec.port_range[1])
+    # Always set: Gym's default band is the one Ray hands its workers' ports from (ports module docstring).
+    low, high = spec.port_range or safe_port_range()
+    cfg.update(port_range_low=low, port_range_high=high)
     return _deep_merge(cfg, spec.config_overrides)
 
 

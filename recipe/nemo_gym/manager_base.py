@@ -37,6 +37,7 @@ from typing import Any
 import ray
 from verl.utils.ray_utils import auto_await
 
+from nemo_gym_adapter import reaper
 from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
 from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym.addresses import (
@@ -50,10 +51,9 @@ from nemo_gym_adapter.gym.addresses import (
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.gym.ray_head import GymRayHead, claim_early_head, start_head_for, wants_head
-from nemo_gym_adapter.gym.servers import GymServers
+from nemo_gym_adapter.gym.servers import PID_FILE, GymServers
 from nemo_gym_adapter.gym.warm import WarmLauncher, claim_early_warm, start_warm_for, wants_warm
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
-from nemo_gym_adapter.procs import write_pid_record
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig
 from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
@@ -61,8 +61,6 @@ from nemo_gym_adapter.rollouts.validation import ValidationPass
 from nemo_gym_adapter.vllm.patch import PatchReport, aborted_turns, apply_patch_to_actors, find_vllm_server_actors
 
 logger = logging.getLogger(__name__)
-
-PID_FILE = "gym.pid"
 
 
 class GymManagerBase:
@@ -326,6 +324,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
         config_paths.append(TRAINING_MODEL_CONFIG)
     optional = {
         "head_port": gym.head_port,
+        "port_range": gym.port_range,
         "gym_venv": gym.gym_venv,
         "run_dir": gym.run_dir,
         "ray_head_node_address": gym.external_ray_head,  # a Ray head someone else runs
@@ -341,6 +340,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
             "hydra_overrides": gym.hydra_overrides,
             "env": gym.env,
             "startup_timeout_s": gym.startup_timeout_s,
+            "port_retries": gym.port_retries,
             **{k: v for k, v in optional.items() if v is not None},
         },
         prefix="nemo_gym",
@@ -379,10 +379,12 @@ def liveness_config(gym: NemoGymConfig) -> LivenessConfig:
 
 def write_pid_file(gym: GymServers) -> None:
     """``<run_dir>/gym.pid``: the launcher leads its own session, whose id finds Gym's processes even after they
-    are re-parented (``recipe.nemo_gym.main.sweep_gym`` reads it)."""
+    are re-parented (``recipe.nemo_gym.main.sweep_gym`` reads it), and a watchdog that sweeps it should this
+    process be killed outright (``reaper.start_watchdog``; once per run dir)."""
     pids = gym.pids()
     if gym.run_dir is not None and pids:
-        write_pid_record(gym.run_dir / PID_FILE, pids)
+        reaper.write_pid_record(gym.run_dir / PID_FILE, pids)
+        reaper.start_watchdog(gym.run_dir)
 
 
 def stop_gym(gym: GymServers) -> None:

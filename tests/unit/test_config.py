@@ -83,6 +83,10 @@ def test_omegaconf_input_is_accepted(cfg):
             "mask",
         ),
         ({"config_paths": [GYM_CONFIG], "head_port": 70000}, "nemo_gym.head_port=70000", "65535"),
+        ({"config_paths": [GYM_CONFIG], "port_range": [30000, 20000]}, "nemo_gym.port_range", "low < high"),
+        ({"config_paths": [GYM_CONFIG], "port_range": [80, 2000]}, "nemo_gym.port_range", "1024 <= low"),
+        ({"config_paths": [GYM_CONFIG], "port_range": [20000]}, "nemo_gym.port_range.1", "Field required"),
+        ({"config_paths": [GYM_CONFIG], "port_retries": -1}, "nemo_gym.port_retries=-1", "greater than or equal"),
         (
             {"config_paths": [GYM_CONFIG], "assistant_edits": "keep"},
             "nemo_gym.assistant_edits='keep'",

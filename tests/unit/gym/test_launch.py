@@ -88,3 +88,13 @@ def test_launch_env_scrubs_the_trainer_and_carries_the_key_only_in_the_environme
     env = launch_env(spec, base={"PYTHONPATH": "/trainer", "RAY_ADDRESS": "10.0.0.1:6379", "PATH": "/usr/bin"})
     assert "PYTHONPATH" not in env and env["RAY_ADDRESS"] == "local"  # Gym starts its own Ray cluster
     assert env[API_KEY_ENV] == "sk-secret" and env["PATH"].endswith("/usr/bin")
+
+
+def test_launch_config_gives_gyms_servers_the_safe_band_unless_a_range_is_set(tmp_path):
+    from nemo_gym_adapter.gym.ports import safe_port_range
+
+    spec = GymLaunchSpec(config_paths=["a.yaml"], policy_base_url=["127.0.0.1:1"], policy_model_name="m")
+    cfg = launch_config(spec, 21000, tmp_path)
+    assert (cfg["port_range_low"], cfg["port_range_high"]) == safe_port_range()
+    cfg = launch_config(spec.model_copy(update={"port_range": (40000, 40100)}), 21000, tmp_path)
+    assert (cfg["port_range_low"], cfg["port_range_high"]) == (40000, 40100)

@@ -192,3 +192,15 @@ def test_the_console_defaults_reach_every_ray_worker_and_a_users_value_wins(monk
     env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
     assert env["TQ_NUM_THREADS"] == "3"
     assert env["PYTHONWARNINGS"] == f"error::DeprecationWarning,{main.VERL_ENGINE_NOTICES}"
+
+
+@pytest.mark.parametrize("name", PRIMARY_CONFIGS)
+def test_gpu_configs_checkpoint_and_resume_and_cpu_configs_start_fresh(name):
+    """The GPU configs save checkpoints a relaunch continues from (docs/LONG_RUNS.md); the CPU ones (the demo, the
+    tests) start fresh every time, never from a checkpoint some earlier run left under checkpoints/."""
+    trainer = _compose(name).trainer
+    if trainer.device == "cpu":
+        assert (trainer.save_freq, trainer.resume_mode) == (-1, "disable")
+    else:
+        assert trainer.save_freq > 0 and trainer.resume_mode == "auto" and trainer.max_actor_ckpt_to_keep >= 1
+        assert trainer.default_local_dir == f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
