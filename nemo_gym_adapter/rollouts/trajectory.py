@@ -16,7 +16,8 @@ Masked samples (never dropped; reward 0; ``masked_reason`` says why; see :class:
 ``mask_sample``; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
 ``mask_sample`` and e.g. ``nemo_user_sim`` names a kind on valid zero-reward samples); client failures (timeout,
 request failed, unroutable, server down, aborted: a vLLM abort Gym could not retry, see ``vllm.abort``); unparseable results; context overflow (a model call without ids plus
-``incomplete_details``); model calls without ids; no model call; non-contiguous history (``contiguity="mask"``;
+``incomplete_details``); model calls without ids; model calls with ids but not one finite log-prob per generated token
+(``missing_log_probs``: never trained on invented values); no model call; non-contiguous history (``contiguity="mask"``;
 ``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
 :class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
 
@@ -60,6 +61,7 @@ class MaskReason(str, enum.Enum):
     INVALID_RESULT = "invalid_result"  # /run answered with something that is not a valid result
     CONTEXT_OVERFLOW = "context_overflow"  # vLLM refused the prompt: a call without ids + incomplete_details
     MISSING_TOKEN_IDS = "missing_token_ids"  # a model call without ids (model server not in training mode?)
+    MISSING_LOG_PROBS = "missing_log_probs"  # a model call with ids but not one finite log-prob per generated token
     NO_MODEL_CALL = "no_model_call"  # the trajectory contains no model call at all
     NON_CONTIGUOUS = "non_contiguous"  # a prompt does not extend the previous prompt + generation
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt > prompt_length, or no response budget left under max_model_len
@@ -277,6 +279,14 @@ def build_trajectory(
         )
     if not calls:
         return masked(MaskReason.NO_MODEL_CALL, f"{where}: response.output has no model call ({len(output)} items)")
+    no_log_probs = result.calls_without_log_probs()
+    if no_log_probs:
+        return masked(
+            MaskReason.MISSING_LOG_PROBS,
+            f"{where}: model call(s) at response.output{no_log_probs} carry token ids but not one log-prob per "
+            "generated token (a request with top_logprobs: null, or a server that does not return them); not trained "
+            "on invented values",
+        )
     if len(first_prompt) > config.prompt_length:
         return masked(
             MaskReason.PROMPT_TOO_LONG,
@@ -318,6 +328,9 @@ def build_trajectory(
     n_sampled = sum(e - s for s, e in spans)
     if n_sampled == 0:
         return masked(MaskReason.EMPTY_GENERATION, f"{where}: the model calls sampled no tokens")
+    sampled_logprobs = _frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled)
+    if not np.isfinite(sampled_logprobs).all():
+        return masked(MaskReason.MISSING_LOG_PROBS, f"{where}: a generation log-prob is not finite (NaN or inf)")
 
     last = kept[-1]
     response_parts = (
@@ -327,7 +340,7 @@ def build_trajectory(
         prompt_ids=kept_prompt,  # = first_prompt here: it fits prompt_length (checked above)
         response_ids=_frozen_concat(response_parts, np.int64, end),
         sampled_spans=tuple(spans),
-        sampled_logprobs=_frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled),
+        sampled_logprobs=sampled_logprobs,
         reward=float(result.reward),
         truncated=truncated,
         contiguity_failure=n_ok < len(calls),
