@@ -93,7 +93,7 @@ class OutputBudget:
         self.lift()
         try:
             return await render()
-        except ValueError as e:  # vLLM's VLLMValidationError is a ValueError in 0.24 and 0.31
+        except Exception as e:  # vLLM's VLLMValidationError (a ValueError in 0.24, a VLLMClientError in 0.31)
             length = getattr(e, "value", None)
             if getattr(e, "parameter", None) != "input_tokens" or type(length) is not int:
                 raise
