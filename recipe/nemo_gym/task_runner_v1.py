@@ -47,9 +47,8 @@ from typing import Any
 import ray
 from omegaconf import OmegaConf
 
-from recipe.nemo_gym import advantage  # registers masked_grpo in this process
 from nemo_gym_adapter.gym.early import early_gym_servers
-from recipe.nemo_gym import rollout_correction
+from recipe.nemo_gym import advantage, rollout_correction  # importing advantage registers masked_grpo here
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
 logger = logging.getLogger(__name__)
