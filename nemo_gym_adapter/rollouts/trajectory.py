@@ -19,13 +19,9 @@ request failed, unroutable, server down, aborted: a vLLM abort Gym could not ret
 ``incomplete_details``); model calls without ids; model calls with ids but not one finite log-prob per generated token
 (``missing_log_probs``: never trained on invented values); no model call; non-contiguous history (``contiguity="mask"``;
 ``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
-:class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
-
-``contiguity="split"`` (:func:`build_trajectories`): a rollout whose calls do not form one history (an agent that
-rewrites its context: reflection, compaction) becomes one trajectory per prefix-consistent segment
-(``model_calls.prefix_segments``), each with the rollout's reward. Every generated token is in exactly one segment's
-sampled spans; a segment's prompt holds what it shares with earlier calls (their generations included) at mask 0, so
-no token is trained twice and none the model did not generate in that very call is trained.
+:class:`TokenAlignmentError`; ``"split"`` masks it here too, and :mod:`nemo_gym_adapter.rollouts.segments` makes it one
+trajectory per prefix-consistent segment); prompt longer than ``prompt_length`` or leaving no response budget; no
+sampled token.
 
 A masked trajectory keeps its prompt when known and fitting (useful in logs) and has no response tokens; every
 unmasked one has at least one sampled token (what :mod:`nemo_gym_adapter.rollouts.padding` relies on to make masked rows
@@ -47,9 +43,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
-from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix, prefix_segments
+from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
 from nemo_gym_adapter.vllm.abort import ABORT_MARKER
-from nemo_gym_adapter.wire import GymRunResult, ModelCall, parse_run_result
+from nemo_gym_adapter.wire import GymRunResult, parse_run_result
 
 ContiguityPolicy = Literal["mask", "truncate", "split", "raise"]
 CONTIGUITY_POLICIES = ("mask", "truncate", "split", "raise")
@@ -189,7 +185,7 @@ class Trajectory:
     failure_kind: str | None = None
     latency_s: float | None = None
     row_index: int | None = None
-    segment: int = 0  # contiguity="split": this trajectory's place among its rollout's segments ...
+    segment: int = 0  # contiguity="split": this trajectory's place among its rollout's segments (rollouts.segments)
     segments: int = 1  # ... and how many the rollout has (1: its calls form one history)
 
     @property
@@ -243,29 +239,12 @@ def build_trajectory(
     row_index: int | None = None,
     latency_s: float | None = None,
 ) -> Trajectory:
-    """One parsed ``/run`` result → its :class:`Trajectory` (masked when unusable; see the module docstring); under
-    ``contiguity="split"`` the first of :func:`build_trajectories`.
+    """One parsed ``/run`` result → its :class:`Trajectory` (masked when unusable; see the module docstring).
 
     Raises:
         TokenAlignmentError: only with ``config.contiguity == "raise"`` and a non-contiguous history; the message
             names the row, the JSON path of the offending prompt, the first differing position, expected vs actual.
     """
-    return build_trajectories(result, env_name=env_name, config=config, row_index=row_index, latency_s=latency_s)[0]
-
-
-def build_trajectories(
-    result: GymRunResult,
-    *,
-    env_name: str,
-    config: TrajectoryConfig,
-    row_index: int | None = None,
-    latency_s: float | None = None,
-) -> tuple[Trajectory, ...]:
-    """One parsed ``/run`` result → its trajectories: one, except under ``contiguity="split"`` when the model calls do
-    not form one history. Then each prefix-consistent segment (:func:`model_calls.prefix_segments`) is a trajectory
-    of its own (``segment``/``segments`` set, ``contiguity_failure`` True, the rollout's reward, its own prompt and
-    length budget); the row checks before the contiguity check (``mask_sample``, missing ids or log-probs, the first
-    prompt's length) still make the row one masked trajectory. Raises like :func:`build_trajectory`."""
     where = _where(row_index)
     output = result.response.output
     calls = result.model_calls()
@@ -278,107 +257,64 @@ def build_trajectories(
         num_turns=len(calls),
     )
     first_prompt = calls[0][1].prompt_token_ids if calls else []
-    masked = _masker(first_prompt, config, common)
-    gym_says = ": ".join(x for x in (result.failure_kind, result.failure_reason) if x)
-    if result.mask_sample:
-        return (
-            masked(MaskReason.MASK_SAMPLE, f"{where}: Gym set mask_sample" + (f" ({gym_says})" if gym_says else "")),
-        )
-    if config.mask_on_failure_kind and result.failure_kind:
-        return (masked(MaskReason.FAILURE_KIND, f"{where}: Gym named failure_kind ({gym_says})"),)
-    missing = calls_without_ids(output)
-    if missing:
-        incomplete = result.response.incomplete_details
-        if incomplete is not None and missing[-1] == max(i for i, it in enumerate(output) if it.is_model_output):
-            detail = (
-                f"{where}: last model call (response.output[{missing[-1]}]) has no token ids and "
-                f"incomplete_details.reason={incomplete.reason!r}"
-            )
-            return (masked(MaskReason.CONTEXT_OVERFLOW, detail),)
-        detail = (
-            f"{where}: model call(s) ending at response.output{missing} carry no token ids (is the Gym model "
-            "server configured for training, return_token_id_information: true?)"
-        )
-        return (masked(MaskReason.MISSING_TOKEN_IDS, detail),)
-    if not calls:
-        return (masked(MaskReason.NO_MODEL_CALL, f"{where}: response.output has no model call ({len(output)} items)"),)
-    no_log_probs = result.calls_without_log_probs()
-    if no_log_probs:
-        detail = (
-            f"{where}: model call(s) at response.output{no_log_probs} carry token ids but not one log-prob per "
-            "generated token (a request with top_logprobs: null, or a server that does not return them); not trained "
-            "on invented values"
-        )
-        return (masked(MaskReason.MISSING_LOG_PROBS, detail),)
-    too_long = _prompt_too_long(first_prompt, config, where)
-    if too_long:
-        return (masked(MaskReason.PROMPT_TOO_LONG, too_long),)
-
-    n_ok, break_detail = contiguous_prefix(calls, where)
-    broken = n_ok < len(calls)
-    if broken and config.contiguity == "raise":
-        raise TokenAlignmentError(break_detail)
-    if broken and config.contiguity == "mask":
-        return (masked(MaskReason.NON_CONTIGUOUS, break_detail, contiguity_failure=True),)
-    if broken and config.contiguity == "split":
-        segments = prefix_segments(calls)
-        return tuple(
-            _from_calls(
-                [calls[k][1] for k in segment],
-                result,
-                config,
-                where,
-                {**common, "num_turns": len(segment), "segment": s, "segments": len(segments)},
-                truncated=False,
-                detail=break_detail,
-            )
-            for s, segment in enumerate(segments)
-        )
-    kept = [call for _, call in calls[:n_ok]]
-    return (_from_calls(kept, result, config, where, common, truncated=broken, detail=break_detail),)
-
-
-def _masker(first_prompt: Sequence[int], config: TrajectoryConfig, common: Mapping[str, Any]) -> Any:
-    """``masked(reason, detail, **extra)``: a masked trajectory that keeps its prompt when it fits (useful in logs;
-    else padding gives it one pad token)."""
+    # A masked row keeps its real prompt when it fits (useful in logs), else it gets one pad token at padding.
     kept_prompt = _frozen(first_prompt, np.int64) if 0 < len(first_prompt) <= config.prompt_length else _NO_IDS
 
     def masked(reason: MaskReason, detail: str, **extra: Any) -> Trajectory:
         return Trajectory(prompt_ids=kept_prompt, masked_reason=reason, detail=detail, **{**common, **extra})
 
-    return masked
-
-
-def _prompt_too_long(prompt: Sequence[int], config: TrajectoryConfig, where: str) -> str:
-    """Why ``prompt`` leaves no response budget ("" when it fits)."""
-    if len(prompt) > config.prompt_length:
-        return f"{where}: prompt has {len(prompt)} tokens > prompt_length {config.prompt_length}"
-    if config.max_model_len is not None and config.max_model_len - len(prompt) <= 0:
-        return f"{where}: prompt has {len(prompt)} tokens, leaving no room under max_model_len {config.max_model_len}"
-    return ""
-
-
-def _from_calls(
-    kept: list[ModelCall],
-    result: GymRunResult,
-    config: TrajectoryConfig,
-    where: str,
-    common: dict[str, Any],
-    *,
-    truncated: bool,
-    detail: str,
-) -> Trajectory:
-    """The trajectory of ``kept``, model calls that form one history: prompt = the first call's, response = everything
-    after it through the last generation, cut to the response budget (module docstring)."""
-    first_prompt = kept[0].prompt_token_ids
-    contiguity_failure = bool(detail)
-    masked = _masker(first_prompt, config, {**common, "contiguity_failure": contiguity_failure})
-    too_long = _prompt_too_long(first_prompt, config, where)
-    if too_long:  # a later segment's prompt (the row's first prompt was checked before)
-        return masked(MaskReason.PROMPT_TOO_LONG, too_long)
+    gym_says = ": ".join(x for x in (result.failure_kind, result.failure_reason) if x)
+    if result.mask_sample:
+        return masked(MaskReason.MASK_SAMPLE, f"{where}: Gym set mask_sample" + (f" ({gym_says})" if gym_says else ""))
+    if config.mask_on_failure_kind and result.failure_kind:
+        return masked(MaskReason.FAILURE_KIND, f"{where}: Gym named failure_kind ({gym_says})")
+    missing = calls_without_ids(output)
+    if missing:
+        incomplete = result.response.incomplete_details
+        if incomplete is not None and missing[-1] == max(i for i, it in enumerate(output) if it.is_model_output):
+            return masked(
+                MaskReason.CONTEXT_OVERFLOW,
+                f"{where}: last model call (response.output[{missing[-1]}]) has no token ids and "
+                f"incomplete_details.reason={incomplete.reason!r}",
+            )
+        return masked(
+            MaskReason.MISSING_TOKEN_IDS,
+            f"{where}: model call(s) ending at response.output{missing} carry no token ids (is the Gym model "
+            "server configured for training, return_token_id_information: true?)",
+        )
+    if not calls:
+        return masked(MaskReason.NO_MODEL_CALL, f"{where}: response.output has no model call ({len(output)} items)")
+    no_log_probs = result.calls_without_log_probs()
+    if no_log_probs:
+        return masked(
+            MaskReason.MISSING_LOG_PROBS,
+            f"{where}: model call(s) at response.output{no_log_probs} carry token ids but not one log-prob per "
+            "generated token (a request with top_logprobs: null, or a server that does not return them); not trained "
+            "on invented values",
+        )
+    if len(first_prompt) > config.prompt_length:
+        return masked(
+            MaskReason.PROMPT_TOO_LONG,
+            f"{where}: prompt has {len(first_prompt)} tokens > prompt_length {config.prompt_length}",
+        )
     budget = config.response_length
     if config.max_model_len is not None:
-        budget = min(budget, config.max_model_len - len(first_prompt))
+        budget = max(0, min(budget, config.max_model_len - len(first_prompt)))
+    if budget == 0:
+        return masked(
+            MaskReason.PROMPT_TOO_LONG,
+            f"{where}: prompt has {len(first_prompt)} tokens, leaving no room under max_model_len "
+            f"{config.max_model_len}",
+        )
+
+    n_ok, break_detail = contiguous_prefix(calls, where)
+    truncated = n_ok < len(calls)
+    if truncated:
+        if config.contiguity == "raise":
+            raise TokenAlignmentError(break_detail)
+        if config.contiguity in ("mask", "split"):  # split: rollouts.segments splits what is masked here
+            return masked(MaskReason.NON_CONTIGUOUS, break_detail, contiguity_failure=True)
+    kept = [item for _, item in calls[:n_ok]]
 
     # Spans of the sampled tokens, in response coordinates (response starts right after prompt_0).
     base = len(first_prompt)
@@ -406,33 +342,26 @@ def _from_calls(
         [last.prompt_token_ids[base:], last.generation_token_ids] if len(kept) > 1 else [last.generation_token_ids]
     )
     return Trajectory(
-        prompt_ids=_frozen(first_prompt, np.int64),  # it fits prompt_length (checked above)
+        prompt_ids=kept_prompt,  # = first_prompt here: it fits prompt_length (checked above)
         response_ids=_frozen_concat(response_parts, np.int64, end),
         sampled_spans=tuple(spans),
         sampled_logprobs=sampled_logprobs,
         reward=float(result.reward),
         truncated=truncated,
-        detail=detail,
-        **{**common, "num_turns": len(kept), "contiguity_failure": contiguity_failure},
+        contiguity_failure=n_ok < len(calls),
+        detail=break_detail,
+        **{**common, "num_turns": len(kept)},
     )
 
 
 def trajectory_from_outcome(outcome: OutcomeLike, *, env_name: str, config: TrajectoryConfig) -> Trajectory:
-    """The first of :func:`trajectories_from_outcome` (the only one unless ``contiguity="split"``)."""
-    return trajectories_from_outcome(outcome, env_name=env_name, config=config)[0]
-
-
-def trajectories_from_outcome(
-    outcome: OutcomeLike, *, env_name: str, config: TrajectoryConfig
-) -> tuple[Trajectory, ...]:
-    """The rollout client's outcome for one row → its trajectories (:func:`build_trajectories`; one masked one when
-    there is no usable result); the ``/run`` JSON is parsed here, once.
+    """The rollout client's outcome for one row → its trajectory; the ``/run`` JSON is parsed here, once.
 
     A row that was never sent (``attempts == 0``: unroutable, not serialisable) has no latency, not 0 s.
     """
     latency = outcome.latency_s if getattr(outcome, "attempts", 1) else None
     if outcome.failure is not None:
-        return (failed_trajectory(outcome.failure, env_name=env_name, row_index=outcome.index, latency_s=latency),)
+        return failed_trajectory(outcome.failure, env_name=env_name, row_index=outcome.index, latency_s=latency)
     if outcome.result is None:
         raise AdapterError(f"row {outcome.index}: rollout outcome has neither a result nor a failure")
     where = f"row {outcome.index}: /run result"
@@ -442,12 +371,12 @@ def trajectories_from_outcome(
         detail = str(e)
     else:
         try:
-            return build_trajectories(
+            return build_trajectory(
                 result, env_name=env_name, config=config, row_index=outcome.index, latency_s=latency
             )
         except OverflowError:  # pydantic's StrictInt accepts any Python int, int64 does not
             detail = f"{where}: {result.first_id_beyond_int64()} does not fit in int64"
-    invalid = Trajectory(
+    return Trajectory(
         env_name=env_name,
         masked_reason=MaskReason.INVALID_RESULT,
         detail=detail,
@@ -455,4 +384,3 @@ def trajectories_from_outcome(
         latency_s=latency,
         row_index=outcome.index,
     )
-    return (invalid,)

@@ -14,12 +14,8 @@ import torch
 from tensordict import TensorDict
 
 from nemo_gym_adapter.rollouts.core import RowResult
-from nemo_gym_adapter.rollouts.trajectory import (
-    MaskReason,
-    TrajectoryConfig,
-    trajectories_from_outcome,
-    trajectory_from_outcome,
-)
+from nemo_gym_adapter.rollouts.segments import trajectories_from_outcome
+from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig, trajectory_from_outcome
 from recipe.nemo_gym import agent_loop_tq
 from recipe.nemo_gym.agent_loop_tq import NemoGymAgentLoopManagerTQ, RolloutWindow, sample_record, split_prompts
 from tests.support.gym_results import CFG, E0, G0, G1, P0, PAD, FakeFailure, FakeOutcome, handmade_multiturn
