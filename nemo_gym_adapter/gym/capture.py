@@ -25,6 +25,7 @@ Imported by :mod:`nemo_gym_adapter.gym.head` (the check) and the rollout client 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,11 @@ logger = logging.getLogger(__name__)
 ROLLOUT_ID_KEY = "_ng_rollout_id"  # the /run body field Gym keys capture and prefix supply by (rollout_correlation)
 BLOCK = "token_id_capture"
 _SUFFIXES = (".tokens.jsonl", ".tokens.incomplete", ".tokens.intents", ".tokens.state.json", ".tokens.lock")
+
+
+def new_rollout_id() -> str:
+    """A ``_ng_rollout_id`` no other dispatch has (Gym's pattern: ``^[A-Za-z0-9][A-Za-z0-9._-]*$``)."""
+    return f"ngv-{uuid.uuid4().hex}"
 
 
 def capture_dir(global_config: Mapping[str, Any]) -> str | None:

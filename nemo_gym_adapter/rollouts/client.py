@@ -12,11 +12,9 @@ becomes a :class:`RolloutFailure` record and the batch goes on. Every input row 
 returned with the others in input order. A hook that raises fails the whole call: the rows still in flight are
 cancelled and awaited (no orphan tasks), then the hook's exception propagates.
 
-Every dispatch carries a fresh, unique ``_ng_rollout_id`` in its ``/run`` body (a retry after a connection error gets
-another one: the first send may have reached Gym): Gym keys its token-ID capture and prefix supply by it
-(:mod:`nemo_gym_adapter.gym.capture`), and its capture store appends, so ids repeated across steps or GRPO samples
-would mix rollouts. A row's own ``_ng_rollout_id`` is replaced for the same reason. When the running Gym captures to
-its default file store (``GymRoutes.capture_dir``), a row's capture files are removed once its outcome was handed on.
+Every send carries a fresh ``_ng_rollout_id`` (Gym keys token-ID capture and prefix supply by it; a row's own is
+replaced), and a row's Gym capture files are removed once its outcome was handed on
+(:mod:`~nemo_gym_adapter.gym.capture`).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ import inspect
 import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,11 +136,6 @@ def apply_overrides(row: Mapping[str, Any], agent: str, overrides: Mapping[str, 
     # Gym's collector stamps the resolved agent too, so results carry it whatever the row routed by.
     body["agent_ref"] = {"name": agent}
     return body
-
-
-def new_rollout_id() -> str:
-    """A ``_ng_rollout_id`` no other dispatch has (Gym's pattern: ``^[A-Za-z0-9][A-Za-z0-9._-]*$``)."""
-    return f"ngv-{uuid.uuid4().hex}"
 
 
 def _dumps(obj: Any) -> bytes:
@@ -259,7 +251,7 @@ class RolloutClient:
             failure = RolloutFailure(resolved.reason, resolved.detail)
             return RolloutOutcome(index, None, None, 0.0, 0, failure=failure)
         agent, route = resolved
-        rollout_ids = [new_rollout_id()]
+        rollout_ids = [capture.new_rollout_id()]
         try:
             body = apply_overrides(row, agent, overrides)
             body[capture.ROLLOUT_ID_KEY] = rollout_ids[0]
@@ -373,7 +365,7 @@ async def post_with_retries(
             )  # fmt: skip
             await asyncio.sleep(delay)
             if rollout_ids:  # the id is a unique 36-character token: it occurs once in the payload
-                rollout_ids.append(new_rollout_id())
+                rollout_ids.append(capture.new_rollout_id())
                 payload = payload.replace(rollout_ids[-2].encode(), rollout_ids[-1].encode())
     if status >= 400:
         text = body[:_DETAIL_CHARS].decode("utf-8", errors="replace")

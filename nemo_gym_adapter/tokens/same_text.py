@@ -35,7 +35,7 @@ Decode = Callable[[list[int]], str]
 
 @dataclass(frozen=True)
 class SameText:
-    """``decode`` (exact: ids -> text) and the tokenizer's added/special ids; call it on two spans (module docstring)."""
+    """``decode`` (exact: ids -> text) and the tokenizer's added/special ids; called on two spans (module doc)."""
 
     decode: Decode
     special_ids: Collection[int] = frozenset()

@@ -56,11 +56,11 @@ def clamp_output_budget(
         return requested
     if prompt_len >= max_model_len:
         out = max(requested or 0, 1)
+        after = " (after the token-ID splice)" if spliced else ""
         raise ContextLengthExceeded(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested {out} output "
-            f"tokens and your prompt contains {prompt_len} input tokens{' (after the token-ID splice)' if spliced else ''}"
-            f", for a total of {prompt_len + out} tokens. Please reduce the length of the input prompt or the number of "
-            "requested output tokens."
+            f"tokens and your prompt contains {prompt_len} input tokens{after}, for a total of {prompt_len + out} "
+            "tokens. Please reduce the length of the input prompt or the number of requested output tokens."
         )
     room = max_model_len - prompt_len
     return requested if requested is None else min(requested, room)
