@@ -14,7 +14,7 @@ the unpatched control, the exact history on every turn of a tool-call conversati
 alignment and in-place-edit 400s, the ``assistant_edits`` policy, ``required_prefix_token_ids``, fast and slow
 prefix renders; the abort guard (``vllm_abort``) on both paths Gym calls, with the stock control. Issue 19's
 request classes where they apply to 0.24 (tests/unit/vllm/test_request_limits.py, tests/integration/vllm/
-test_nemo_rl_server_cases.py on 0.31): ``required_prefix_token_ids`` without an assistant message, the budget
+test_server.py on 0.31): ``required_prefix_token_ids`` without an assistant message, the budget
 clamped on turn 1 and on ``/v1/completions``, ``top_logprobs: null`` refused, NeMo RL's token fields on the message;
 stock 0.24's answers to the same requests as the control.
 """

@@ -1,7 +1,7 @@
 """NeMo RL's ``replace_prefix_tokens`` cases (``test_VllmAsyncGenerationWorker_replace_prefix_tokens`` and
 ``tests/unit/models/generation/test_openai_server_utils.py`` in NVIDIA-NeMo/RL) run through our splice, written anew
 on hand-made ids (a ChatML-like layout: ``END`` the template's terminator, ``EOS`` a second stop id, as Qwen's
-``<|im_end|>``/``<|endoftext|>``). The server-level cases are tests/integration/vllm/test_nemo_rl_server_cases.py;
+``<|im_end|>``/``<|endoftext|>``). The server-level cases are tests/integration/vllm/test_server.py;
 both lists, with the deliberate differences and their reasons, are in docs/TOKEN_PATCH.md.
 
 NeMo RL's function takes the model prefix (the earlier prompt + generation), the template's render of the same
