@@ -252,10 +252,11 @@ def make_harmony_guard(original: Any) -> Any:
             except TokenAlignmentError as e:
                 raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
             if anchor is not None:
+                where = f"messages[{anchor.index}]" if anchor.index >= 0 else REQUIRED_PREFIX_KEY
                 raise bad_request(
                     "nemo-gym-verl token splice: this model renders chats with openai_harmony (GPT-OSS), a path "
-                    "vLLM does not route through the chat-template render the splice hooks, so the token ids on "
-                    f"messages[{anchor.index}] would be ignored; GPT-OSS is not supported by the token-ID patch",
+                    "vLLM does not route through the chat-template render the splice hooks, so the token ids of "
+                    f"{where} would be ignored; GPT-OSS is not supported by the token-ID patch",
                     "messages",
                 )
         return await original(self, request, *args, **kwargs)
