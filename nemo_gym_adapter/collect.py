@@ -39,7 +39,7 @@ from typing import Any, TextIO
 DEFAULT_ENVS = ("example_single_tool_call",)
 NO_LIMIT = 1 << 20  # token budget when none is given: report every rollout, never truncate
 SUMMARY_KEYS: tuple[str, ...] = ("num_samples", "reward_mean", "success_rate", "masked_rate", "contiguity_rate")
-SUMMARY_KEYS += ("num_turns_mean", "generated_tokens_mean", "truncation_rate", "latency_p50")
+SUMMARY_KEYS += ("num_turns_mean", "generated_tokens_mean", "truncation_rate", "latency_p50", "split_rate")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--max-output-tokens", type=int, default=64, help="per model call (default 64)")
     m.add_argument("--prompt-length", type=int, default=None, help="training's prompt budget (default: none)")
     m.add_argument("--response-length", type=int, default=None, help="training's response budget (default: none)")
+    m.add_argument(
+        "--contiguity",
+        choices=("mask", "truncate", "split"),
+        default="mask",
+        help="rollouts whose calls do not form one history: nemo_gym.trajectory.contiguity (default mask)",
+    )
     c = p.add_argument_group("client and output")
     c.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once (default 32)")
     c.add_argument("--timeout", type=float, default=600.0, help="per-rollout deadline in seconds (default 600)")
@@ -169,6 +175,7 @@ def record(row: Any) -> dict[str, Any]:
         "attempts": o.attempts,
         "reward": t.gym_reward,
         "masked_reason": t.masked_reason.value if t.masked_reason else None,
+        "samples": len(row.samples),  # > 1: split into segments (nemo_gym.trajectory.contiguity: split)
         "result": o.result,
         "failure": o.failure.__dict__ if o.failure else None,
     }
@@ -242,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows += load_gym_jsonl([path], task_source_map=routes.task_sources, default_agent=default)
             rows = rows[: args.limit] * args.repeats
             trajectory = TrajectoryConfig(
-                prompt_length=args.prompt_length or NO_LIMIT, response_length=args.response_length or NO_LIMIT
+                prompt_length=args.prompt_length or NO_LIMIT,
+                response_length=args.response_length or NO_LIMIT,
+                contiguity=args.contiguity,
             )
             client = RolloutClientConfig(
                 max_concurrency=args.concurrency,

@@ -27,7 +27,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       patch_vllm: true               # apply the token-ID patch inside every vLLM server actor
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
-      trajectory: {contiguity: mask, mask_on_failure_kind: false}
+      trajectory: {contiguity: mask, mask_on_failure_kind: false}   # contiguity: mask | truncate | split (v1) | raise
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
@@ -74,7 +74,9 @@ class ClientSection(_Section):
 class TrajectorySection(_Section):
     """``nemo_gym.trajectory``: how Gym results become token trajectories (``trajectory.TrajectoryConfig``)."""
 
-    contiguity: Literal["mask", "truncate", "raise"] = "mask"
+    # Model calls that do not form one history (trajectory.build_trajectories): mask the rollout, truncate it to the
+    # contiguous calls, split it into prefix-consistent samples (v1 trainer only), or raise.
+    contiguity: Literal["mask", "truncate", "split", "raise"] = "mask"
     mask_on_failure_kind: bool = False
 
 
@@ -328,6 +330,12 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         manager,
         f"with trainer.use_v1={use_v1} set it to {wanted} (or a subclass), or to ${{ngv_manager:${{trainer.use_v1}}}}",
     )
+    if gym is not None and not v1 and gym.trajectory.contiguity == "split":
+        problems.append(
+            "nemo_gym.trajectory.contiguity='split': several samples per rollout need verl's v1 trainer (sessions "
+            "keyed {uid}_{session}_{i}); the legacy trainer's batch holds one sample per rollout. Set "
+            "trainer.use_v1=true, or nemo_gym.trajectory.contiguity to mask or truncate"
+        )
     name = _select(cfg, "actor_rollout_ref.rollout.name", None)
     need("actor_rollout_ref.rollout.name", name == "vllm", name, "the token-ID patch is for vLLM; set vllm")
     estimator = _select(cfg, "algorithm.adv_estimator", None)

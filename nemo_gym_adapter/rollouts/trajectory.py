@@ -16,9 +16,12 @@ Masked samples (never dropped; reward 0; ``masked_reason`` says why; see :class:
 ``mask_sample``; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
 ``mask_sample`` and e.g. ``nemo_user_sim`` names a kind on valid zero-reward samples); client failures (timeout,
 request failed, unroutable, server down, aborted: a vLLM abort Gym could not retry, see ``vllm.abort``); unparseable results; context overflow (a model call without ids plus
-``incomplete_details``); model calls without ids; no model call; non-contiguous history (``contiguity="mask"``;
+``incomplete_details``); model calls without ids; model calls with ids but not one finite log-prob per generated token
+(``missing_log_probs``: never trained on invented values); no model call; non-contiguous history (``contiguity="mask"``;
 ``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
-:class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
+:class:`TokenAlignmentError`; ``"split"`` masks it here too, and :mod:`nemo_gym_adapter.rollouts.segments` makes it one
+trajectory per prefix-consistent segment); prompt longer than ``prompt_length`` or leaving no response budget; no
+sampled token.
 
 A masked trajectory keeps its prompt when known and fitting (useful in logs) and has no response tokens; every
 unmasked one has at least one sampled token (what :mod:`nemo_gym_adapter.rollouts.padding` relies on to make masked rows
@@ -44,7 +47,8 @@ from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_
 from nemo_gym_adapter.vllm.abort import ABORT_MARKER
 from nemo_gym_adapter.wire import GymRunResult, parse_run_result
 
-ContiguityPolicy = Literal["mask", "truncate", "raise"]
+ContiguityPolicy = Literal["mask", "truncate", "split", "raise"]
+CONTIGUITY_POLICIES = ("mask", "truncate", "split", "raise")
 
 
 class MaskReason(str, enum.Enum):
@@ -60,6 +64,7 @@ class MaskReason(str, enum.Enum):
     INVALID_RESULT = "invalid_result"  # /run answered with something that is not a valid result
     CONTEXT_OVERFLOW = "context_overflow"  # vLLM refused the prompt: a call without ids + incomplete_details
     MISSING_TOKEN_IDS = "missing_token_ids"  # a model call without ids (model server not in training mode?)
+    MISSING_LOG_PROBS = "missing_log_probs"  # a model call with ids but not one finite log-prob per generated token
     NO_MODEL_CALL = "no_model_call"  # the trajectory contains no model call at all
     NON_CONTIGUOUS = "non_contiguous"  # a prompt does not extend the previous prompt + generation
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt > prompt_length, or no response budget left under max_model_len
@@ -120,8 +125,8 @@ class TrajectoryConfig:
             bad.append(f"response_length={self.response_length!r} (must be >= 1)")
         if self.max_model_len is not None and self.max_model_len < 2:
             bad.append(f"max_model_len={self.max_model_len!r} (must be >= 2 or null)")
-        if self.contiguity not in ("mask", "truncate", "raise"):
-            bad.append(f"contiguity={self.contiguity!r} (must be 'mask', 'truncate' or 'raise')")
+        if self.contiguity not in CONTIGUITY_POLICIES:
+            bad.append(f"contiguity={self.contiguity!r} (must be one of {', '.join(CONTIGUITY_POLICIES)})")
         if bad:
             raise AdapterConfigError("; ".join(f"{self.key_prefix}.{b}" for b in bad))
 
@@ -180,6 +185,8 @@ class Trajectory:
     failure_kind: str | None = None
     latency_s: float | None = None
     row_index: int | None = None
+    segment: int = 0  # contiguity="split": this trajectory's place among its rollout's segments (rollouts.segments)
+    segments: int = 1  # ... and how many the rollout has (1: its calls form one history)
 
     @property
     def masked(self) -> bool:
@@ -277,6 +284,14 @@ def build_trajectory(
         )
     if not calls:
         return masked(MaskReason.NO_MODEL_CALL, f"{where}: response.output has no model call ({len(output)} items)")
+    no_log_probs = result.calls_without_log_probs()
+    if no_log_probs:
+        return masked(
+            MaskReason.MISSING_LOG_PROBS,
+            f"{where}: model call(s) at response.output{no_log_probs} carry token ids but not one log-prob per "
+            "generated token (a request with top_logprobs: null, or a server that does not return them); not trained "
+            "on invented values",
+        )
     if len(first_prompt) > config.prompt_length:
         return masked(
             MaskReason.PROMPT_TOO_LONG,
@@ -297,7 +312,7 @@ def build_trajectory(
     if truncated:
         if config.contiguity == "raise":
             raise TokenAlignmentError(break_detail)
-        if config.contiguity == "mask":
+        if config.contiguity in ("mask", "split"):  # split: rollouts.segments splits what is masked here
             return masked(MaskReason.NON_CONTIGUOUS, break_detail, contiguity_failure=True)
     kept = [item for _, item in calls[:n_ok]]
 
@@ -318,6 +333,9 @@ def build_trajectory(
     n_sampled = sum(e - s for s, e in spans)
     if n_sampled == 0:
         return masked(MaskReason.EMPTY_GENERATION, f"{where}: the model calls sampled no tokens")
+    sampled_logprobs = _frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled)
+    if not np.isfinite(sampled_logprobs).all():
+        return masked(MaskReason.MISSING_LOG_PROBS, f"{where}: a generation log-prob is not finite (NaN or inf)")
 
     last = kept[-1]
     response_parts = (
@@ -327,7 +345,7 @@ def build_trajectory(
         prompt_ids=kept_prompt,  # = first_prompt here: it fits prompt_length (checked above)
         response_ids=_frozen_concat(response_parts, np.int64, end),
         sampled_spans=tuple(spans),
-        sampled_logprobs=_frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled),
+        sampled_logprobs=sampled_logprobs,
         reward=float(result.reward),
         truncated=truncated,
         contiguity_failure=n_ok < len(calls),

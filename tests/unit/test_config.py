@@ -162,3 +162,17 @@ def test_the_manager_class_must_match_the_trainer(cfg):
     load_config(cfg)
     cfg["trainer"]["use_v1"] = False
     assert MANAGER_CLASS in _error(cfg)
+
+
+def test_split_needs_the_v1_trainer(cfg):
+    """``contiguity: split`` puts several samples per rollout, which only verl's v1 trainer takes (issue 19)."""
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "split"}
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    cfg["trainer"]["use_v1"] = True
+    assert load_config(cfg).gym.trajectory.contiguity == "split"
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS
+    cfg["trainer"]["use_v1"] = False
+    message = _error(cfg)
+    assert "nemo_gym.trajectory.contiguity='split'" in message and "trainer.use_v1=true" in message, message
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "truncate"}
+    load_config(cfg)

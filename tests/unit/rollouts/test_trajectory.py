@@ -123,7 +123,7 @@ def test_the_real_rollout_client_records_are_accepted():
 
 def test_invalid_result_is_masked_with_json_path():
     bad = handmade_multiturn(P0, [G0], [])
-    bad["response"]["output"][0]["generation_log_probs"] = [-0.1]  # 2 ids, 1 logprob
+    bad["response"]["output"][0]["generation_log_probs"] = ["x"]  # not a number (a short list: missing_log_probs)
     t = trajectory_from_outcome(FakeOutcome(3, 1.0, result=bad), env_name="e", config=CFG)
     assert t.masked_reason is MaskReason.INVALID_RESULT
     assert "row 3" in t.detail and "response.output[0]" in t.detail
@@ -308,3 +308,14 @@ def test_recorded_unpatched_multiturn_is_non_contiguous():
     assert cut.response_ids.tolist() == calls[0]["generation_token_ids"]
     with pytest.raises(TokenAlignmentError, match=rf"row 0: model call 1 .*\[{n0}:\]"):
         build(payload, TrajectoryConfig(prompt_length=512, response_length=512, contiguity="raise"), row_index=0)
+
+
+@pytest.mark.parametrize("log_probs", [None, [], [float("nan")], [float("-inf")]])
+def test_a_model_call_without_log_probs_is_masked_missing_log_probs(log_probs):
+    """Issue 19: a trainable turn that came back without (finite) log-probs is masked with its own reason."""
+    item = {"type": "message", "role": "assistant", "prompt_token_ids": [1, 2], "generation_token_ids": [3]}
+    if log_probs is not None:
+        item["generation_log_probs"] = log_probs
+    result = parse_run_result({"reward": 1.0, "response": {"output": [item]}})
+    t = build_trajectory(result, env_name="e", config=TrajectoryConfig(prompt_length=8, response_length=8))
+    assert t.masked_reason is MaskReason.MISSING_LOG_PROBS, t
