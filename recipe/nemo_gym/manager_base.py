@@ -45,6 +45,7 @@ from nemo_gym_adapter.gym.addresses import (
     check_policy_urls,
     check_replica_endpoints,
     choose_gym_host,
+    policy_urls,
     replica_endpoints,
 )
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
@@ -177,7 +178,7 @@ class GymManagerBase:
                 ",".join(urls),
             )
             attached = GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
-            check_policy_urls(attached.global_config().get("policy_base_url"), urls, gym.head_url)
+            check_policy_urls(policy_urls(attached.global_config()), urls, gym.head_url)
             return attached
         node_ip = ray.util.get_node_ip_address()
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
