@@ -137,9 +137,11 @@ class GymManagerBase:
         self.pad_token_id, self.probe_ids = tokenizer_ids(self.model_config, self.recipe.model_path)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
+        routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len)
+        trajectory.check_envs(routes.agents)
         self.core = RolloutCore(
-            self.gym.routes(),
-            trajectory_config(self.recipe, self.max_model_len),
+            routes,
+            trajectory,
             client_config(self.recipe.gym),
             success_threshold=self.recipe.gym.metrics.success_threshold,
             liveness=Liveness.for_gym(self.gym, liveness_config(self.recipe.gym)),
@@ -356,6 +358,7 @@ def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> Trajec
         max_model_len=max_model_len,
         contiguity=recipe.gym.trajectory.contiguity,
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
+        verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
         key_prefix="nemo_gym.trajectory",
     )
 

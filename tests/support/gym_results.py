@@ -114,6 +114,7 @@ class FakeFailure:
     reason: str
     detail: str
     status: int | None = None
+    origin: str | None = None
 
 
 @dataclass(frozen=True)
