@@ -210,22 +210,15 @@ def imported_modules(server_dir: Path, entrypoints: list[str]) -> set[str]:
     return found
 
 
-def _imports(tree: ast.AST, optional: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement of ``tree`` with whether it sits in a ``try`` that handles ``ImportError``."""
-    out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            out.append((node, optional))
-        elif isinstance(node, ast.Try):
-            guarded = optional or any(_handles_import_error(h) for h in node.handlers)
-            for child in node.body:
-                out += _imports(ast.Module(body=[child], type_ignores=[]), guarded)
-            for part in (node.handlers, node.orelse, node.finalbody):
-                for child in part:
-                    out += _imports(child, optional)
-        else:
-            out += _imports(node, optional)
-    return out
+def _imports(node: ast.AST, optional: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement in ``node`` with whether it sits in a ``try`` that handles ``ImportError``."""
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return [(node, optional)]
+    if isinstance(node, ast.Try):
+        guarded = optional or any(_handles_import_error(h) for h in node.handlers)
+        rest: list[ast.AST] = [*node.handlers, *node.orelse, *node.finalbody]
+        return [x for c in node.body for x in _imports(c, guarded)] + [x for c in rest for x in _imports(c, optional)]
+    return [x for child in ast.iter_child_nodes(node) for x in _imports(child, optional)]
 
 
 def _handles_import_error(handler: ast.ExceptHandler) -> bool:
