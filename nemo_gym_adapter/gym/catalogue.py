@@ -8,7 +8,7 @@ environments, 7 have no ``configs/<env>.yaml`` and 16 no agent called ``<env>_si
 (``structured_outputs``) ships example rows whose ``agent_ref`` names an agent of another config.
 
 * :func:`bundled_env`: ``resources_servers/<name>``'s config (``<name>.yaml`` first) whose agent declares its
-  ``data/example.jsonl``, and that agent -- what ``collect --env <name>`` and the catalogue sweep start;
+  ``data/example.jsonl``, and that agent -- what ``collect --env <name>`` starts;
 * :func:`declared_rows`: that file as Gym's collate would hand it out (rows naming another agent re-routed to the
   declaring one, with a warning), written next to the caller's other run files only when a row needs it.
 
@@ -57,12 +57,14 @@ def declaring_agents(data: Any, jsonl_fpath: str) -> list[tuple[str, str]]:
 
 
 def bundled_env(gym_root: Path, name: str) -> BundledEnv:
-    """Resolve a bundled environment: of ``resources_servers/<name>/configs/*.yaml`` (``<name>.yaml`` first, then by
-    file name), the first config one of whose agents declares ``resources_servers/<name>/data/example.jsonl``.
+    """Resolve a bundled environment from ``resources_servers/<name>/configs/*.yaml`` (``<name>.yaml`` first, then by
+    file name): the first config one of whose agents declares ``resources_servers/<name>/data/example.jsonl``,
+    preferring the agent the example rows name when several declare it (``terminal_multi_harness``); when no config
+    declares the file, the config that defines the agent its rows name (``format_verification``).
 
     Raises:
-        AdapterConfigError: no such environment, or no config declares its example data (naming the configs found
-            and what takes over: ``collect --config-path`` with ``--agent``).
+        AdapterConfigError: no such environment, or neither rule finds a config (naming the configs found and what
+            takes over: ``collect --config-path`` with ``--agent``).
     """
     import yaml
 
@@ -71,16 +73,45 @@ def bundled_env(gym_root: Path, name: str) -> BundledEnv:
     if not configs:
         raise AdapterConfigError(f"--env {name}: no bundled Gym environment {env_dir}/configs/*.yaml")
     example = f"resources_servers/{name}/data/example.jsonl"
+    named = _row_agents(gym_root / example)
+    declared: list[tuple[Path, str, str]] = []
+    defined: list[tuple[Path, str, str]] = []
     for path in configs:
-        agents = declaring_agents(yaml.safe_load(path.read_text()) or {}, example)
-        if agents:
-            agent, impl = agents[0]
-            return BundledEnv(name, str(path.relative_to(gym_root)), agent, impl, gym_root / example)
+        data = yaml.safe_load(path.read_text()) or {}
+        declared += [(path, agent, impl) for agent, impl in declaring_agents(data, example)]
+        defined += [(path, agent, impl) for agent, impl in _agents(data) if agent in named]
+    ranked = sorted(declared, key=lambda c: c[1] not in named) or defined  # stable: config order within each
+    if ranked:
+        path, agent, impl = ranked[0]
+        return BundledEnv(name, str(path.relative_to(gym_root)), agent, impl, gym_root / example)
     raise AdapterConfigError(
-        f"--env {name}: none of {[p.name for p in configs]} declares {example} for an agent; start one with "
-        f"--config-path resources_servers/{name}/configs/<config>.yaml and name the agent for rows without "
-        "agent_ref with --agent"
+        f"--env {name}: none of {[p.name for p in configs]} declares {example} for an agent or defines the agent its "
+        f"rows name; start one with --config-path resources_servers/{name}/configs/<config>.yaml and name the agent "
+        "for rows without agent_ref with --agent"
     )
+
+
+def _agents(data: Any) -> list[tuple[str, str]]:
+    """``(agent instance, implementation)`` of every agent one parsed Gym config defines."""
+    found = []
+    for instance, block in data.items() if isinstance(data, dict) else ():
+        agents = block.get("responses_api_agents") if isinstance(block, dict) else None
+        found += [(str(instance), str(impl)) for impl in agents] if isinstance(agents, dict) else []
+    return found
+
+
+def _row_agents(example: Path) -> set[str]:
+    """The agents the rows of ``example`` name (``agent_ref``), if it exists."""
+    names: set[str] = set()
+    for line in example.read_text(encoding="utf-8-sig").splitlines() if example.is_file() else []:
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        named = _named_agent(row) if isinstance(row, dict) else None
+        if named:
+            names.add(named)
+    return names
 
 
 def declared_rows(env: BundledEnv, out_dir: Path) -> Path:

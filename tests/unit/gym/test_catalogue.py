@@ -84,6 +84,8 @@ GYM_ROOT = next(paths.gym_venv().glob("lib/python3*/site-packages/resources_serv
         ("blackjack", "blackjack.yaml", "blackjack_gymnasium_agent"),
         ("equivalence_rule", "lc.yaml", "lc_equivalence_rule_simple_agent"),
         ("structured_outputs", "structured_outputs_json.yaml", "structured_outputs_simple_agent"),
+        ("terminal_multi_harness", "terminal_multi_harness_codex.yaml", "terminal_multi_harness_codex_agent"),
+        ("format_verification", "freeform_formatting.yaml", "freeform_formatting_simple_agent"),
         ("example_single_tool_call", "example_single_tool_call.yaml", "example_single_tool_call_simple_agent"),
     ],
 )
@@ -91,3 +93,16 @@ def test_gyms_own_environments_resolve_as_gym_declares_them(name, config, agent)
     assert GYM_ROOT is not None
     b = bundled_env(GYM_ROOT.parent, name)
     assert (Path(b.config).name, b.agent) == (config, agent)
+
+
+def test_the_agent_the_rows_name_breaks_ties_and_stands_in_for_a_missing_declaration(tmp_path):
+    named = [{"responses_create_params": {"input": "a"}, "agent_ref": {"name": "b_agent"}}]
+    two = {f"{x}.yaml": AGENT_YAML.format(agent=f"{x}_agent", impl="simple_agent", env="multi") for x in "ab"}
+    _env_tree(tmp_path, "multi", two, named)  # terminal_multi_harness: several configs declare the examples
+    assert bundled_env(tmp_path, "multi").agent == "b_agent"
+    plain = "b_agent:\n  responses_api_agents:\n    simple_agent: {}\n"
+    _env_tree(tmp_path, "undeclared", {"a.yaml": "x: {}\n", "b.yaml": plain}, named)  # format_verification
+    assert (bundled_env(tmp_path, "undeclared").config, bundled_env(tmp_path, "undeclared").agent) == (
+        "resources_servers/undeclared/configs/b.yaml",
+        "b_agent",
+    )
