@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the one --env). An --env's own example rows go to the agent its config declares them for",
     )
     g.add_argument("--repeats", type=int, default=4, help="send every row this many times (default 4)")
-    g.add_argument("--limit", type=int, default=None, help="use only the first N rows (before repeats)")
+    g.add_argument("--limit", type=int, default=None, help="use only the first N rows of each file (before repeats)")
     g.add_argument("--max-steps", type=int, default=4, help="simple_agent model calls per rollout (default 4)")
     m = p.add_argument_group("policy")
     m.add_argument("--model", help="checkpoint to serve with the patched vLLM (default: the demo's tiny qwen25)")
@@ -82,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once (default 32)")
     c.add_argument("--timeout", type=float, default=600.0, help="per-rollout deadline in seconds (default 600)")
     c.add_argument("--retries", type=int, default=3, help="resends after connection errors (default 3)")
+    c.add_argument("--startup-timeout", type=float, default=300.0, help="seconds for Gym to start (default 300)")
     c.add_argument("--output", type=Path, help="write one JSON line per rollout (result or failure record)")
     c.add_argument("--json", action="store_true", help="print the summary as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -93,8 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key in positive:
         if getattr(args, key) is not None and getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    if args.timeout <= 0 or args.retries < 0:
-        p.error("--timeout must be > 0 and --retries >= 0")
+    if args.timeout <= 0 or args.retries < 0 or args.startup_timeout <= 0:
+        p.error("--timeout and --startup-timeout must be > 0 and --retries >= 0")
     if args.model and args.policy_base_url:
         p.error("--model serves a checkpoint here; --policy-base-url uses a running server: give one of them")
     if args.gym_head_url and (args.envs or args.config_path or args.model or args.policy_base_url):
@@ -150,6 +151,7 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]
         policy_base_url=[base_url],
         policy_model_name=name,
         config_overrides={agent: max_steps for agent in agents},
+        startup_timeout_s=args.startup_timeout,
         # Own Ray temp dir: a stale /tmp/ray/ray_current_cluster (left by a dead `ray start`) would make Gym's
         # ray.init() try to join that dead cluster instead of starting its own.
         env={"RAY_TMPDIR": stack.enter_context(tempfile.TemporaryDirectory(prefix="ngv-ray-"))},
@@ -176,6 +178,8 @@ def record(row: Any) -> dict[str, Any]:
         "attempts": o.attempts,
         "reward": t.gym_reward,
         "masked_reason": t.masked_reason.value if t.masked_reason else None,
+        "num_turns": t.num_turns,  # model calls (kept ones, when a history broke)
+        "contiguity_failure": t.contiguity_failure,
         "result": o.result,
         "failure": o.failure.__dict__ if o.failure else None,
     }
@@ -250,8 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             setup_s = time.monotonic() - t0
             rows: list[Any] = []
             for path, default in files:
-                rows += load_gym_jsonl([path], task_source_map=routes.task_sources, default_agent=default)
-            rows = rows[: args.limit] * args.repeats
+                loaded = load_gym_jsonl([path], task_source_map=routes.task_sources, default_agent=default)
+                rows += list(loaded[: args.limit])
+            rows = rows * args.repeats
             trajectory = TrajectoryConfig(
                 prompt_length=args.prompt_length or NO_LIMIT, response_length=args.response_length or NO_LIMIT
             )
