@@ -27,7 +27,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       patch_vllm: true               # apply the token-ID patch inside every vLLM server actor
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
-      trajectory: {contiguity: mask, mask_on_failure_kind: false}   # contiguity: mask | truncate | split (v1) | raise
+      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}}  # contiguity: mask | truncate | split (v1) | raise; verifier_errors: {<env>|_default: mask|reward0}
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
@@ -78,6 +78,10 @@ class TrajectorySection(_Section):
     # contiguous calls, split it into prefix-consistent samples (v1 trainer only), or raise.
     contiguity: Literal["mask", "truncate", "split", "raise"] = "mask"
     mask_on_failure_kind: bool = False
+    # What a verifier error becomes, per environment (trajectory.MaskReason.VERIFIER_ERROR): mask (default; never a
+    # fabricated score) or reward0 (trained with reward 0: for an environment whose verifier cannot score output it
+    # cannot parse, so an untrained model can learn the format). "_default" covers every other environment.
+    verifier_errors: dict[str, Literal["mask", "reward0"]] = Field(default_factory=dict)
 
 
 class MetricsSection(_Section):

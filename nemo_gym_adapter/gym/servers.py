@@ -40,6 +40,7 @@ from nemo_gym_adapter.gym.head import GymHead, GymServerInstance, answers, http_
 from nemo_gym_adapter.gym.launch import (
     TRAINING_MODEL_CONFIG,
     GymLaunchSpec,
+    config_files,
     launch_command,
     launch_config,
     launch_env,
@@ -148,7 +149,8 @@ class GymServers(GymHead):
         run_dir = spec.run_dir or paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{head_port}"
         run_dir.mkdir(parents=True, exist_ok=True)
         launch_yaml = run_dir / "ngv_launch.yaml"
-        launch_yaml.write_text(json.dumps(launch_config(spec, head_port, run_dir), indent=1))  # JSON is YAML
+        cfg = launch_config(spec, head_port, run_dir, config_files(spec, config_paths))
+        launch_yaml.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
         cmd, env = launch_command(spec, config_paths, launch_yaml), launch_env(spec)
         launcher = warm.launch(cmd, env, run_dir, run_dir / "gym.log") if warm is not None else None
         warm_used = launcher is not None

@@ -42,6 +42,7 @@ from nemo_gym_adapter.gym.liveness import SERVER_DOWN as SERVER_DOWN  # a reason
 from nemo_gym_adapter.gym.liveness import StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.progress import RolloutProgress
+from nemo_gym_adapter.rollouts.gym_errors import GymErrorOrigin, gym_error_origin
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class RolloutFailure:
     reason: str
     detail: str
     status: int | None = None
+    origin: GymErrorOrigin | None = None  # for a 5xx: where Gym's error chain started (rollouts.gym_errors)
 
 
 @dataclass(frozen=True)
@@ -369,9 +371,9 @@ async def post_with_retries(
                 payload = payload.replace(rollout_ids[-2].encode(), rollout_ids[-1].encode())
     if status >= 400:
         text = body[:_DETAIL_CHARS].decode("utf-8", errors="replace")
-        return RolloutFailure(
-            f"http_{status}", f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}", status
-        )
+        origin = gym_error_origin(body.decode("utf-8", errors="replace")) if status >= 500 else None
+        detail = f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}"
+        return RolloutFailure(f"http_{status}", detail, status, origin)
     try:
         result = _loads(body)
     except ValueError as e:  # orjson.JSONDecodeError is a ValueError too

@@ -7,8 +7,9 @@
 The configs (``configs/``) compose verl's own ``ppo_trainer`` config with our ``nemo_gym:`` section; every verl key
 can be overridden as usual. The run, in order:
 
-1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``), before any heavy
-   import: a config error answers in about a second, naming the dotted key, the bad value and the fix (exit 2);
+1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``) and every data row
+   (:func:`check_rows`), before any heavy import: a config or row error answers in about a second, naming the dotted
+   key, the bad value and the fix, or ``file:line`` (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
    where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.resolvers``)
    are registered;
@@ -42,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_gym_adapter import paths, reaper
 from nemo_gym_adapter.config import load_config
-from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.errors import AdapterConfigError, DatasetError
 from recipe.nemo_gym.resolvers import register_resolvers
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ def run(cfg: DictConfig) -> int:
     """Validate, then train. Returns the process exit status (2: invalid config)."""
     try:
         load_config(cfg)
-    except AdapterConfigError as e:
+        check_rows(cfg)
+    except (AdapterConfigError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     swept = reaper.sweep_orphans()  # before this run starts anything of its own
@@ -91,6 +93,18 @@ def run(cfg: DictConfig) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
     return 0
+
+
+def check_rows(cfg: DictConfig) -> None:
+    """Every row of ``data.train_files`` and ``data.val_files`` against Gym's row contract, before anything starts
+    (``DatasetError`` naming ``file:line``); verl's dataset then loads them from the validated-rows cache."""
+    from nemo_gym_adapter.data.dataset import load_for_config
+
+    for key in ("train_files", "val_files"):
+        files = OmegaConf.select(cfg, f"data.{key}", default=None)
+        if files:
+            paths = OmegaConf.to_container(files) if OmegaConf.is_config(files) else files
+            load_for_config(paths, cfg.data, check_only=True)
 
 
 def task_runner_class(cfg: DictConfig) -> Any:

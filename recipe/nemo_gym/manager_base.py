@@ -46,6 +46,7 @@ from nemo_gym_adapter.gym.addresses import (
     check_policy_urls,
     check_replica_endpoints,
     choose_gym_host,
+    policy_urls,
     replica_endpoints,
 )
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
@@ -134,9 +135,11 @@ class GymManagerBase:
         self.pad_token_id, self.probe_ids = tokenizer_ids(self.model_config, self.recipe.model_path)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
+        routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len)
+        trajectory.check_envs(routes.agents)
         self.core = RolloutCore(
-            self.gym.routes(),
-            trajectory_config(self.recipe, self.max_model_len),
+            routes,
+            trajectory,
             client_config(self.recipe.gym),
             success_threshold=self.recipe.gym.metrics.success_threshold,
             liveness=Liveness.for_gym(self.gym, liveness_config(self.recipe.gym)),
@@ -175,7 +178,7 @@ class GymManagerBase:
                 ",".join(urls),
             )
             attached = GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
-            check_policy_urls(attached.global_config().get("policy_base_url"), urls, gym.head_url)
+            check_policy_urls(policy_urls(attached.global_config()), urls, gym.head_url)
             return attached
         node_ip = ray.util.get_node_ip_address()
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
@@ -355,6 +358,7 @@ def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> Trajec
         max_model_len=max_model_len,
         contiguity=recipe.gym.trajectory.contiguity,
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
+        verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
         key_prefix="nemo_gym.trajectory",
     )
 

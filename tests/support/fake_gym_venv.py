@@ -64,6 +64,9 @@ FAKE_GYM = textwrap.dedent(
                      "name": "agent_a"}, "host": host, "port": port}}},
            "policy_model": {"responses_api_models": {"vllm_model": {"base_url": "${policy_base_url}",
                             "host": host, "port": port}}}}
+    # Like Gym's config merge: our launch config sets the replica list on the policy's model server (gym.launch).
+    cfg["policy_model"]["responses_api_models"]["vllm_model"].update(
+        launch.get("policy_model", {}).get("responses_api_models", {}).get("vllm_model", {}))
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a): pass
@@ -121,7 +124,9 @@ def make_fake_gym_venv(tmp_path: Path) -> Path:
     (site / "nemo_gym").mkdir(parents=True)
     cfg = site / GYM_REL_CONFIG
     cfg.parent.mkdir(parents=True)
-    cfg.write_text("fake_env: {}\n")
+    cfg.write_text(  # the policy's model server, as vllm_model_for_training.yaml declares it
+        "fake_env: {}\npolicy_model:\n  responses_api_models:\n    vllm_model:\n      base_url: ${policy_base_url}\n"
+    )
     (venv / "bin").mkdir()
     (venv / "bin" / "python").symlink_to(sys.executable)
     gym = venv / "bin" / "gym"

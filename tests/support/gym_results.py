@@ -115,6 +115,7 @@ class FakeFailure:
     reason: str
     detail: str
     status: int | None = None
+    origin: str | None = None
 
 
 @dataclass(frozen=True)

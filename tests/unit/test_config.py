@@ -82,6 +82,11 @@ def test_omegaconf_input_is_accepted(cfg):
             "nemo_gym.trajectory.contiguity",
             "mask",
         ),
+        (
+            {"config_paths": [GYM_CONFIG], "trajectory": {"verifier_errors": {"grl_sokoban": "zero"}}},
+            "nemo_gym.trajectory.verifier_errors.grl_sokoban='zero'",
+            "'mask' or 'reward0'",
+        ),
         ({"config_paths": [GYM_CONFIG], "head_port": 70000}, "nemo_gym.head_port=70000", "65535"),
         ({"config_paths": [GYM_CONFIG], "port_range": [30000, 20000]}, "nemo_gym.port_range", "low < high"),
         ({"config_paths": [GYM_CONFIG], "port_range": [80, 2000]}, "nemo_gym.port_range", "1024 <= low"),

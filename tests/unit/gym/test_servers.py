@@ -28,7 +28,7 @@ def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tm
         assert len(pids) >= 2  # launcher + the orphaned, SIGTERM-ignoring helper
         assert set(gym.server_instances()) == {"env_a"}
         cfg = gym.global_config()
-        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
+        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == "http://127.0.0.1:9/v1"
         assert cfg["policy_api_key"] == "<redacted>"
         assert gym.run_url("agent_a") == f"{gym.head_url}/run"
         with pytest.raises(GymServerError, match="agent_b"):
@@ -39,6 +39,10 @@ def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tm
 def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fake_gym_venv, tmp_path):
     spec = fake_spec(fake_gym_venv, tmp_path, policy_base_url=["127.0.0.1:9", "127.0.0.1:10"])
     with GymServers.start(spec) as gym:
+        # string consumers get one URL, the policy's model server the replica list (as Gym's config merge does)
+        assert gym.global_config()["policy_base_url"] == "http://127.0.0.1:9/v1"
+        two = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]
+        assert gym.global_config()["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == two
         head, old = gym.head_url, gym.pids()
         seen: list[int] = []
         gym.on_restart.append(lambda g: seen.append(g.restarts))
@@ -46,7 +50,7 @@ def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fa
         assert gym.head_url == head and gym.restarts == 1 and seen == [1]
         assert alive_pids(old) == [] and gym.pids()
         cfg = gym.global_config()
-        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
+        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == "http://127.0.0.1:9/v1"
         assert (tmp_path / "run" / "restart1" / "gym.log").exists() and gym.run_dir == tmp_path / "run"
         with pytest.raises(GymServerError, match="every vLLM replica is down"):
             gym.restart(drop_replicas=["127.0.0.1:9"])
