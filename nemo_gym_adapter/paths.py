@@ -37,6 +37,11 @@ def tiny_models_dir() -> Path:
     return _env_path("NGV_TINY_MODELS", cache_dir() / "tiny-models")
 
 
+def converted_models_dir() -> Path:
+    """Where real pretrained demo models are converted on first use (``NGV_CONVERTED_MODELS``; SmolLM2, ~540 MB)."""
+    return _env_path("NGV_CONVERTED_MODELS", cache_dir() / "converted-models")
+
+
 def logs_dir() -> Path:
     """Per-server log files (``NGV_LOG_DIR``)."""
     return _env_path("NGV_LOG_DIR", REPO_ROOT / "logs")

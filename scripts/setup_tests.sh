@@ -2,10 +2,12 @@
 # What only the tests need, on top of scripts/setup.sh (which this runs first). Idempotent: seconds once done.
 #
 #   .venv                  + pytest & co, ruff and mypy (the lint step)
+#   .cache/converted-models  SmolLM2-135M-Instruct converted from the PyPI wheel's GGUF (the real-model tests)
 #   .cache/vllm024-venv    verl 0.9.1's GPU vLLM pin (0.24.0), its Python code only, so the 0.20-0.24 hook is executed
 #                          against vLLM 0.24's real classes (scripts/setup_vllm024.sh)
 #
-# Knobs: those of scripts/setup.sh, plus NGV_SKIP_VLLM024=1 (no vLLM 0.24 venv; its test is skipped).
+# Knobs: those of scripts/setup.sh, plus NGV_SKIP_VLLM024=1 (no vLLM 0.24 venv; its test is skipped) and
+# NGV_SKIP_SMOLLM2=1 (no conversion now; the real-model tests do it on first use).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -30,6 +32,14 @@ else
   say "installing the test tools into .venv: ${TEST_DEPS[*]}"
   .venv/bin/python -m pip install -q "${TEST_DEPS[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   echo "$SPEC" > .venv/.ngv-test-stamp
+fi
+
+# The real demo model (SmolLM2-135M-Instruct from the PyPI wheel's GGUF): converted once (~1 min, ~540 MB) for the
+# real-model tests; cached by content key, so seconds afterwards. Not in setup.sh: the tiny demo never needs it.
+if [ "${NGV_SKIP_SMOLLM2:-0}" = "1" ]; then
+  say "NGV_SKIP_SMOLLM2=1: not converting SmolLM2 (the real-model tests convert it on first use)"
+else
+  say "SmolLM2-135M-Instruct: $(.venv/bin/python -m nemo_gym_adapter.demo_models.smollm2)"
 fi
 
 if [ "${NGV_SKIP_VLLM024:-0}" = "1" ]; then

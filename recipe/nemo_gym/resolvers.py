@@ -3,7 +3,8 @@
 
 ``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
 installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
-``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use) and ``${ngv_manager:<use_v1>}``
+``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use),
+``${ngv_demo_model:smollm2}`` → a real pretrained model (SmolLM2-135M-Instruct, converted on first use, ~1 min) and ``${ngv_manager:<use_v1>}``
 → the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.config.MANAGER_CLASS_V1` for the v1 trainer,
 :data:`~nemo_gym_adapter.config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
 """
@@ -46,14 +47,23 @@ def _tiny_model(family: str) -> str:
     return str(build_tiny_model(family))
 
 
+def demo_model(name: str) -> str:
+    """A real pretrained demo model's directory, converted on first use (``${ngv_demo_model:smollm2}``)."""
+    if name != "smollm2":
+        raise AdapterConfigError(f"${{ngv_demo_model:{name}}}: unknown demo model; known: ['smollm2']")
+    from nemo_gym_adapter.demo_models.smollm2 import build_smollm2
+
+    return str(build_smollm2())
+
+
 def manager_class(use_v1: Any) -> str:
     """The rollout manager for ``trainer.use_v1`` (``${ngv_manager:${trainer.use_v1}}``)."""
     return MANAGER_CLASS if use_v1 is False or str(use_v1).lower() == "false" else MANAGER_CLASS_V1
 
 
 def register_resolvers() -> None:
-    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_tiny_model`` and ``ngv_manager`` with OmegaConf
-    (idempotent)."""
+    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_tiny_model``, ``ngv_demo_model`` and ``ngv_manager`` with
+    OmegaConf (idempotent)."""
     from omegaconf import OmegaConf
 
     for name, fn in (
@@ -61,6 +71,7 @@ def register_resolvers() -> None:
         ("ngv_gym_example", gym_example_path),
         ("ngv_configs", configs_path),
         ("ngv_tiny_model", _tiny_model),
+        ("ngv_demo_model", demo_model),
     ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)
