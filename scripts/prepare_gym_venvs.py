@@ -50,7 +50,9 @@ DEFAULT_SERVERS = (
     "resources_servers/example_multi_step",
     "resources_servers/string_match",
     "resources_servers/math_with_judge",
+    "resources_servers/example_multi_turn_gymnasium",
     "responses_api_agents/simple_agent",
+    "responses_api_agents/gymnasium_agent",
     "responses_api_models/vllm_model",
     "environment_servers/legacy_agent",
 )
