@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from nemo_gym_adapter.console import OncePerProcess, once
 from nemo_gym_adapter.vllm import plugin

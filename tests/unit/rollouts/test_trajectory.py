@@ -308,3 +308,15 @@ def test_recorded_unpatched_multiturn_is_non_contiguous():
     assert cut.response_ids.tolist() == calls[0]["generation_token_ids"]
     with pytest.raises(TokenAlignmentError, match=rf"row 0: model call 1 .*\[{n0}:\]"):
         build(payload, TrajectoryConfig(prompt_length=512, response_length=512, contiguity="raise"), row_index=0)
+
+
+def test_trajectories_keep_the_results_numeric_fields_masked_or_not():
+    payload = handmade_multiturn(P0, [G0, G1], [E0], reward=2.0)
+    payload = {**payload, "reward_components": {"correct": 1.0, "format": 1.0}, "accuracy": 0.5, "label": "x"}
+    assert build(payload).numeric == {
+        "reward_components/correct": 1.0,
+        "reward_components/format": 1.0,
+        "accuracy": 0.5,
+    }
+    masked = build({**payload, "mask_sample": True})
+    assert masked.masked and masked.numeric["accuracy"] == 0.5  # for the dump: what Gym said about a masked row
