@@ -47,6 +47,7 @@ from omegaconf import OmegaConf
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
 from nemo_gym_adapter.gym.early import early_gym_servers
+from nemo_gym_adapter.rollouts.groups import batch_signal
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -121,7 +122,7 @@ class NemoGymTrainerMixin:
         batch = super()._compute_old_log_prob(batch, metrics)  # type: ignore[misc]
         import transfer_queue as tq
 
-        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask", "rm_scores"]
         try:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         except Exception as e:  # bypass mode or no rollout logprobs: nothing to compare
@@ -131,6 +132,10 @@ class NemoGymTrainerMixin:
         metrics.update(
             logprob_gap_metrics(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
         )
+        # The groups this step learns from: with verl's group filter on, none without signal (rollouts.groups).
+        uids = [key.split("_")[0] for key in batch.keys]
+        valid = (padded["response_mask"].sum(dim=-1) > 0).tolist()
+        metrics.update(batch_signal(uids, padded["rm_scores"].sum(dim=-1).tolist(), valid))
         return batch
 
     def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
