@@ -32,6 +32,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
       liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
+      rollout_dump: {dir: null, enable: true, validation: true, max_text_chars: 4000, queue_size: 4096}
+                                     # readable rollouts (rollouts.dump); dir null: <trainer.rollout_data_dir>/gym
 
 The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`recipe.nemo_gym.resolvers`;
 ``${ngv_manager:<use_v1>}`` picks :data:`MANAGER_CLASS_V1` or :data:`MANAGER_CLASS`, the managers checked here.
@@ -102,6 +104,17 @@ class LivenessSection(_Section):
     max_restarts: int = Field(3, ge=0, description="Gym restarts per run under on_server_down=restart")
 
 
+class RolloutDumpSection(_Section):
+    """``nemo_gym.rollout_dump``: readable JSONL rollouts per step (``rollouts.dump``). On when a directory is known:
+    ``dir``, else ``<trainer.rollout_data_dir>/gym`` (verl's own switch for its dump; ours goes next to it)."""
+
+    dir: str | None = None
+    enable: bool = True
+    validation: bool = Field(True, description="also dump validation rollouts (under val/)")
+    max_text_chars: int = Field(4000, ge=0, description="longer texts are cut; 0: never")
+    queue_size: int = Field(4096, ge=1, description="rows waiting for the writer; a full queue drops rows (counted)")
+
+
 RAY_HEAD_MODES = ("early", "gym")  # nemo_gym.ray_head values that are not a host:port
 
 
@@ -164,6 +177,7 @@ class NemoGymConfig(_Section):
     # is restarted before the next step (restart; only a Gym we started, else mask), or the run stops (fail).
     on_server_down: Literal["mask", "restart", "fail"] = "restart"
     liveness: LivenessSection = Field(default_factory=LivenessSection)
+    rollout_dump: RolloutDumpSection = Field(default_factory=RolloutDumpSection)
 
     @field_validator("config_overrides")
     @classmethod
@@ -236,6 +250,19 @@ class RecipeConfig(BaseModel):
     val_top_p: float | None
     n: int
     model_path: str
+    rollout_data_dir: str | None = None  # verl's trainer.rollout_data_dir
+    filter_groups_metric: str | None = None  # algorithm.filter_groups.metric when group filtering is on
+    gdpo_reward_keys: list[str] = Field(default_factory=list)  # algorithm.gdpo_reward_keys
+
+    @property
+    def rollout_dump_dir(self) -> Path | None:
+        """Where readable rollouts go (``nemo_gym.rollout_dump``), or None when they are off."""
+        dump = self.gym.rollout_dump
+        if not dump.enable:
+            return None
+        if dump.dir is not None:
+            return Path(dump.dir).expanduser()
+        return Path(self.rollout_data_dir).expanduser() / "gym" if self.rollout_data_dir else None
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -349,6 +376,7 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         estimator,
         f"set {MASKED_GRPO}: failed Gym rollouts are masked rows that plain GRPO would count in its group baseline",
     )
+    filter_metric = _filter_groups(cfg, v1, problems)
     custom_path = _select(cfg, "data.custom_cls.path", None)
     need(
         "data.custom_cls.path",
@@ -401,5 +429,36 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         n=ints["n"],
         max_model_len=max_model_len,
         model_path=str(model_path),
+        rollout_data_dir=_rollout_data_dir(cfg),
+        filter_groups_metric=filter_metric,
+        gdpo_reward_keys=[str(k) for k in _plain(_select(cfg, "algorithm.gdpo_reward_keys", None)) or []],
         **sampling,
     )
+
+
+OUTCOME_METRIC = "gym_outcome"  # = nemo_gym_adapter.rollouts.groups.OUTCOME_KEY (config imports no package)
+
+
+def _filter_groups(cfg: Any, v1: bool, problems: list[str]) -> str | None:
+    """``algorithm.filter_groups.metric`` when verl's group filter is on (None when off); problems appended."""
+    enabled = _select(cfg, "algorithm.filter_groups.enable", False)
+    if not enabled:
+        return None
+    if not v1:
+        problems.append(
+            "algorithm.filter_groups.enable=true: verl 0.9.1's legacy trainer has no group filtering (only its v1 "
+            "trainer's replay buffer filters groups); set trainer.use_v1=true or algorithm.filter_groups.enable=false"
+        )
+    metric = _select(cfg, "algorithm.filter_groups.metric", None)
+    if metric in (None, "", "reward"):
+        problems.append(
+            f"algorithm.filter_groups.metric={metric!r}: with Gym set {OUTCOME_METRIC} (Gym's verified reward of each "
+            "valid sample; masked samples never decide a group) or a reward component's name; 'reward' reads "
+            "rm_scores, where a masked sample counts as a real 0"
+        )
+    return str(metric) if metric else None
+
+
+def _rollout_data_dir(cfg: Any) -> str | None:
+    value = _select(cfg, "trainer.rollout_data_dir", None)
+    return str(value) if value else None

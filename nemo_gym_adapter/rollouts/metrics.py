@@ -19,6 +19,12 @@ replaced by ``_`` so loggers do not nest it). Definitions:
 
 A *sample* here is one rollout: a rollout split into segments (a tuple of trajectories in the input) counts once,
 masked only when every segment is, with its turns, generated tokens and truncation summed over its unmasked segments.
+
+Per environment only (each environment's verifier has its own fields), means over the unmasked samples that carry
+the field: ``reward_components/<name>`` for each component of Gym's multi-reward results, ``result/<key>`` for every
+other numeric field of Gym's result (``Trajectory.numeric``; NeMo RL logs them all as ``{agent}/{key}``). Bounded:
+at most :data:`MAX_RESULT_KEYS` per environment (components first, then by name); when more exist,
+``result_keys_dropped`` counts the rest.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import numpy as np
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
 
 ALL_SCOPE = "all"
+MAX_RESULT_KEYS = 64  # numeric result fields logged per environment (a verifier may return many)
+_COMPONENT = "reward_components/"
 
 
 def scope_name(name: str) -> str:
@@ -111,4 +119,22 @@ def compute_metrics(
     for scope, trajs in scopes.items():
         for name, value in _scope_metrics(trajs, success_threshold).items():
             metrics[f"{prefix}/{scope}/{name}"] = value
+    for env in sorted(by_env):
+        rollouts = [_one_rollout(t) if isinstance(t, tuple) else t for t in by_env[env]]  # a split one counts once
+        for name, value in result_field_metrics(rollouts).items():
+            metrics[f"{prefix}/{env}/{name}"] = value
     return metrics
+
+
+def result_field_metrics(trajs: Sequence[Trajectory], limit: int = MAX_RESULT_KEYS) -> dict[str, float]:
+    """Means of Gym's numeric result fields over the unmasked ``trajs`` carrying each (the module docstring)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        if not t.masked:
+            for key, value in t.numeric.items():
+                values[key].append(value)
+    keys = sorted(values, key=lambda k: (not k.startswith(_COMPONENT), k))
+    out = {(k if k.startswith(_COMPONENT) else f"result/{k}"): float(np.mean(values[k])) for k in keys[:limit]}
+    if len(keys) > limit:
+        out["result_keys_dropped"] = float(len(keys) - limit)
+    return out

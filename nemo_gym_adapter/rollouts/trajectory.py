@@ -200,7 +200,9 @@ class Trajectory:
     """One row's token trajectory (arrays are read-only).
 
     ``sampled_logprobs`` holds the logprobs of the sampled tokens only, concatenated in span order
-    (``len == num_generated``). ``reward`` is what training sees (0 when masked); ``gym_reward`` what Gym reported.
+    (``len == num_generated``). ``reward`` is what training sees (0 when masked); ``gym_reward`` what Gym reported;
+    ``numeric`` every other numeric field of Gym's result (``wire.GymRunResult.numeric_fields``: the verifier's own
+    fields, each reward component as ``reward_components/<name>``), masked or not; empty without a result.
     """
 
     env_name: str
@@ -221,6 +223,7 @@ class Trajectory:
     row_index: int | None = None
     segment: int = 0  # contiguity="split": this trajectory's place among its rollout's segments (rollouts.segments)
     segments: int = 1  # ... and how many the rollout has (1: its calls form one history)
+    numeric: Mapping[str, float] = field(default_factory=dict)  # the result's numeric fields (numeric_fields)
 
     @property
     def masked(self) -> bool:
@@ -291,6 +294,7 @@ def build_trajectory(
         latency_s=latency_s,
         row_index=row_index,
         num_turns=len(calls),
+        numeric=result.numeric_fields(),
     )
     first_prompt = calls[0][1].prompt_token_ids if calls else []
     # A masked row keeps its real prompt when it fits (useful in logs), else it gets one pad token at padding.

@@ -57,9 +57,11 @@ from nemo_gym_adapter.gym.warm import WarmLauncher, claim_early_warm, start_warm
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig
 from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
+from nemo_gym_adapter.rollouts.dump import RolloutDump
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 from nemo_gym_adapter.rollouts.validation import ValidationPass
 from nemo_gym_adapter.vllm.patch import PatchReport, aborted_turns, apply_patch_to_actors, find_vllm_server_actors
+from recipe.nemo_gym.outcomes import rollout_dump
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +106,7 @@ class GymManagerBase:
         self._closed = False
         self._validation: ValidationPass | None = None  # the validation rows since the last pop
         self._validation_lock = threading.Lock()  # the v1 manager adds from its event-loop thread
+        self.dump: RolloutDump | None = None  # readable rollouts (nemo_gym.rollout_dump), when on
 
     @classmethod
     @auto_await
@@ -132,7 +135,11 @@ class GymManagerBase:
         card = read_model_card(self.replicas)
         self.served_model_name = card.name
         self.max_model_len = effective_max_model_len(self.recipe.max_model_len, card.max_model_len)
-        self.pad_token_id, self.probe_ids = tokenizer_ids(self.model_config, self.recipe.model_path)
+        tokenizer = load_tokenizer(self.model_config)
+        self.pad_token_id, self.probe_ids = tokenizer_ids(tokenizer, self.recipe.model_path)
+        self.dump = rollout_dump(self.recipe, tokenizer)
+        if self.dump is not None:
+            self.on_shutdown("rollout dump", self.dump.close)  # after the rollouts in flight (registered later)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
         routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len)
@@ -259,16 +266,25 @@ class GymManagerBase:
                 logger.exception("stopping the %s failed", what)
 
 
-def tokenizer_ids(model_config: Any, model_path: str) -> tuple[int, list[int]]:
-    """The pad id (EOS when the tokenizer has no pad) and the engine probe's token ids, from verl's model config."""
+def load_tokenizer(model_config: Any) -> Any:
+    """The tokenizer of verl's model config (``actor_rollout_ref.model``)."""
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
-    tokenizer = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
+    return omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
+
+
+def tokenizer_ids(tokenizer: Any, model_path: str) -> tuple[int, list[int]]:
+    """The pad id (EOS when the tokenizer has no pad) and the engine probe's token ids."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
         raise AdapterError(f"actor_rollout_ref.model.path={model_path}: tokenizer has no pad/eos token")
     return int(pad), [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
+
+
+def server_weight_version(server: Any) -> int | None:
+    """Runs inside a vLLM server actor: the ``global_steps`` verl's last weight sync set (``set_global_steps``)."""
+    return getattr(server, "global_steps", None)
 
 
 def find_replicas(llm_client: Any) -> tuple[list[ReplicaEndpoint], dict[str, Any]]:

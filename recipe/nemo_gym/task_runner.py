@@ -43,6 +43,7 @@ import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this p
 from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.data.env_sampling import EnvWeightedSampler
 from nemo_gym_adapter.gym.early import early_gym_servers
+from nemo_gym_adapter.rollouts.groups import batch_signal
 from nemo_gym_adapter.rollouts.metrics import scope_name
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
@@ -117,6 +118,14 @@ class NemoGymPPOTrainer(RayPPOTrainer):
                 batch.batch["rollout_log_probs"],
                 batch.batch["response_mask"],
                 batch.non_tensor_batch.get("gym_env"),
+            )
+        if "uid" in batch.non_tensor_batch and "rm_scores" in batch.batch:  # the groups this step learns from
+            gap.update(
+                batch_signal(
+                    list(batch.non_tensor_batch["uid"]),
+                    batch.batch["rm_scores"].sum(dim=-1).tolist(),
+                    (batch.batch["response_mask"].sum(dim=-1) > 0).tolist(),
+                )
             )
         output = super()._update_actor(batch)
         # The trainer reduces these lists (mean; max for keys containing "max") and logs them this step.

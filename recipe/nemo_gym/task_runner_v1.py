@@ -48,6 +48,7 @@ import ray
 from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
+from nemo_gym_adapter.rollouts.groups import batch_signal
 from recipe.nemo_gym import advantage, rollout_correction  # importing advantage registers masked_grpo here
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -129,7 +130,7 @@ class NemoGymTrainerMixin:
         batch = super()._compute_old_log_prob(batch, metrics)  # type: ignore[misc]
         import transfer_queue as tq
 
-        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask", "rm_scores"]
         try:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         except Exception as e:  # bypass mode or no rollout logprobs: nothing to compare
@@ -139,6 +140,10 @@ class NemoGymTrainerMixin:
         metrics.update(
             logprob_gap_metrics(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
         )
+        # The groups this step learns from: with verl's group filter on, none without signal (rollouts.groups).
+        uids = [key.split("_")[0] for key in batch.keys]
+        valid = (padded["response_mask"].sum(dim=-1) > 0).tolist()
+        metrics.update(batch_signal(uids, padded["rm_scores"].sum(dim=-1).tolist(), valid))
         return batch
 
     def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:

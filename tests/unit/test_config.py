@@ -181,3 +181,35 @@ def test_split_needs_the_v1_trainer(cfg):
     assert "nemo_gym.trajectory.contiguity='split'" in message and "trainer.use_v1=true" in message, message
     cfg["nemo_gym"]["trajectory"] = {"contiguity": "truncate"}
     load_config(cfg)
+
+
+def test_group_filtering_is_refused_on_the_legacy_trainer_naming_the_key(cfg):
+    cfg["algorithm"]["filter_groups"] = {"enable": True, "metric": "gym_outcome"}
+    message = _error(cfg)  # cfg is the legacy trainer's
+    assert "algorithm.filter_groups.enable=true" in message and "trainer.use_v1=true" in message, message
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    assert load_config(cfg).filter_groups_metric == "gym_outcome"
+    cfg["algorithm"]["filter_groups"]["enable"] = False
+    assert load_config(cfg).filter_groups_metric is None
+
+
+@pytest.mark.parametrize("metric", ["reward", None])
+def test_group_filtering_on_rm_scores_is_refused_masked_samples_would_decide(cfg, metric):
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    cfg["algorithm"]["filter_groups"] = {"enable": True, "metric": metric}
+    message = _error(cfg)
+    assert f"algorithm.filter_groups.metric={metric!r}" in message and "gym_outcome" in message, message
+
+
+def test_rollout_dump_follows_verls_rollout_data_dir_unless_set_or_off(cfg, tmp_path):
+    assert load_config(cfg).rollout_dump_dir is None  # off by default
+    cfg["trainer"]["rollout_data_dir"] = str(tmp_path / "rollouts")
+    assert load_config(cfg).rollout_dump_dir == tmp_path / "rollouts" / "gym"
+    cfg["nemo_gym"]["rollout_dump"] = {"dir": str(tmp_path / "mine")}
+    assert load_config(cfg).rollout_dump_dir == tmp_path / "mine"
+    cfg["nemo_gym"]["rollout_dump"] = {"enable": False}
+    assert load_config(cfg).rollout_dump_dir is None
+    cfg["nemo_gym"]["rollout_dump"] = {"queue_size": 0}
+    assert "nemo_gym.rollout_dump.queue_size" in _error(cfg)
