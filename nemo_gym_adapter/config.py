@@ -27,7 +27,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       patch_vllm: true               # apply the token-ID patch inside every vLLM server actor
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
-      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}}  # contiguity: mask | truncate | split (v1) | raise; verifier_errors: {<env>|_default: mask|reward0}
+      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null}
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
@@ -84,6 +84,10 @@ class TrajectorySection(_Section):
     # fabricated score) or reward0 (trained with reward 0: for an environment whose verifier cannot score output it
     # cannot parse, so an untrained model can learn the format). "_default" covers every other environment.
     verifier_errors: dict[str, Literal["mask", "reward0"]] = Field(default_factory=dict)
+    # Sampled tokens whose rollout log-prob is >= this (e.g. -1e-4) are left out of the loss: tokens constrained
+    # decoding forced (grammars, structured outputs, allowed_token_ids), trained off-policy otherwise
+    # (rollouts.forced). null: every sampled token is trained.
+    forced_token_min_logprob: float | None = Field(default=None, le=0)
 
 
 class MetricsSection(_Section):

@@ -9,7 +9,8 @@ replaced by ``_`` so loggers do not nest it). Definitions:
   Both are omitted when a scope has no unmasked sample (a fake 0 would read as a real score).
 * ``masked_rate``, ``masked_rate/<reason>``: share of samples masked, overall and for every
   :class:`~nemo_gym_adapter.rollouts.trajectory.MaskReason` (always present, so charts have stable keys).
-* ``num_turns_mean``, ``generated_tokens_mean``/``_max`` (sampled tokens), ``truncation_rate``: over unmasked.
+* ``num_turns_mean``, ``generated_tokens_mean``/``_max`` (sampled tokens), ``truncation_rate``: over unmasked;
+  ``forced_token_rate``: the share of their sampled tokens left out of the loss (``rollouts.forced``).
 * ``contiguity_failure_rate``: share of samples whose token history broke (masked or truncated because of it);
   ``contiguity_rate`` is its complement (the on-policy health number people watch).
 * ``failure_kind_rate``: share of results on which Gym named a ``failure_kind`` (masked or not).
@@ -75,6 +76,8 @@ def _scope_metrics(
         out["generated_tokens_mean"] = float(np.mean(generated))
         out["generated_tokens_max"] = float(max(generated))
         out["truncation_rate"] = float(np.mean([t.truncated for t in valid]))
+        # sampled tokens left out of the loss as forced by constrained decoding (rollouts.forced)
+        out["forced_token_rate"] = sum(t.num_forced for t in valid) / max(1, sum(generated))
     out["contiguity_failure_rate"] = float(np.mean([t.contiguity_failure for t in trajs]))
     out["contiguity_rate"] = 1.0 - out["contiguity_failure_rate"]
     gym_kinds = [t.failure_kind for t in trajs if t.failure_kind and not t.failure_kind.startswith("client:")]
@@ -98,6 +101,7 @@ def _one_rollout(segments: tuple[Trajectory, ...]) -> Trajectory:
         sampled_spans=spans,
         truncated=any(t.truncated for t in valid),
         contiguity_failure=True,
+        forced=np.concatenate([np.zeros(t.num_generated, bool) if t.forced is None else t.forced for t in valid]),
     )
 
 

@@ -45,6 +45,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
+from nemo_gym_adapter.rollouts.forced import forced_tokens
 from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
 from nemo_gym_adapter.vllm.abort import ABORT_MARKER
 from nemo_gym_adapter.wire import GymRunResult, parse_run_result
@@ -131,6 +132,9 @@ class TrajectoryConfig:
     # unparseable output, so that an untrained model can still be taught the format. Needs the rollout's tokens: a
     # Gym result carrying them; an HTTP 500 carries none, so it stays masked whatever the policy.
     verifier_errors: Mapping[str, VerifierErrorPolicy] = field(default_factory=dict)
+    # Sampled tokens whose rollout log-prob is >= this are left out of the loss (rollouts.forced): tokens constrained
+    # decoding forced. None: every sampled token is trained.
+    forced_token_min_logprob: float | None = None
     key_prefix: str = "trajectory"
 
     def verifier_error_policy(self, env_name: str) -> VerifierErrorPolicy:
@@ -157,6 +161,8 @@ class TrajectoryConfig:
             bad.append(f"max_model_len={self.max_model_len!r} (must be >= 2 or null)")
         if self.contiguity not in CONTIGUITY_POLICIES:
             bad.append(f"contiguity={self.contiguity!r} (must be one of {', '.join(CONTIGUITY_POLICIES)})")
+        if self.forced_token_min_logprob is not None and not self.forced_token_min_logprob <= 0:
+            bad.append(f"forced_token_min_logprob={self.forced_token_min_logprob!r} (a log-prob: must be <= 0 or null)")
         for env, policy in self.verifier_errors.items():
             if policy not in ("mask", "reward0"):
                 bad.append(f"verifier_errors.{env}={policy!r} (must be 'mask' or 'reward0')")
@@ -224,6 +230,11 @@ class Trajectory:
     segment: int = 0  # contiguity="split": this trajectory's place among its rollout's segments (rollouts.segments)
     segments: int = 1  # ... and how many the rollout has (1: its calls form one history)
     numeric: Mapping[str, float] = field(default_factory=dict)  # the result's numeric fields (numeric_fields)
+    forced: np.ndarray | None = None  # over the sampled tokens: left out of the loss (rollouts.forced); None: none
+
+    @property
+    def num_forced(self) -> int:
+        return 0 if self.forced is None else int(self.forced.sum())
 
     @property
     def masked(self) -> bool:
@@ -392,6 +403,7 @@ def build_trajectory(
         response_ids=_frozen_concat(response_parts, np.int64, end),
         sampled_spans=tuple(spans),
         sampled_logprobs=sampled_logprobs,
+        forced=forced_tokens(sampled_logprobs, config.forced_token_min_logprob),
         reward=reward,
         verifier_error=verifier_error,
         truncated=truncated,
