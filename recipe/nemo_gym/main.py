@@ -103,7 +103,7 @@ def check_rows(cfg: DictConfig) -> None:
     for key in ("train_files", "val_files"):
         files = OmegaConf.select(cfg, f"data.{key}", default=None)
         if files:
-            paths = OmegaConf.to_container(files) if OmegaConf.is_config(files) else files
+            paths = OmegaConf.to_container(files, resolve=True) if OmegaConf.is_config(files) else files
             load_for_config(paths, cfg.data, check_only=True)
 
 

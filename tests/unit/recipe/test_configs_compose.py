@@ -209,7 +209,8 @@ def test_gpu_configs_checkpoint_and_resume_and_cpu_configs_start_fresh(name):
 def test_a_bad_row_stops_the_run_before_anything_starts(tmp_path, capsys):
     from recipe.nemo_gym.main import check_rows, run
 
-    check_rows(_compose("nemo_gym_cpu"))  # the shipped rows pass
+    for name in PRIMARY_CONFIGS:  # the shipped rows pass, their paths interpolated (${ngv_configs:...})
+        check_rows(_compose(name))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"responses_create_params": {"input": "hi"}}\n{"responses_create_params": {"input": 7}}\n')
     cfg = _compose("nemo_gym_cpu", (f"data.train_files=[{bad}]",))
