@@ -108,5 +108,11 @@ def _check_readable_rollouts(root: Path, steps: dict[int, dict[str, float]]) -> 
     for step in (0, STEPS):
         val = [json.loads(x) for x in (root / "val" / f"step_{step:06d}.jsonl").read_text().splitlines()]
         assert len(val) == 8 and all(r["partition"] == "val" for r in val)
-    for env in ENVS:  # every numeric field of Gym's results, per environment
-        assert [k for k in steps[STEPS] if k.startswith(f"gym/{env}/result/")], sorted(steps[STEPS])
+    # every numeric field of Gym's results, per environment: toy_lookup's verifier reports accuracy and set_overlap
+    # (its accuracy is its reward), string_match (toy_choice) only strings
+    last = steps[STEPS]
+    lookup, choice = "toy_lookup_simple_agent", "toy_choice_simple_agent"
+    assert last[f"gym/{lookup}/result/accuracy"] == last[f"gym/{lookup}/reward_mean"], sorted(last)
+    assert f"gym/{lookup}/result/set_overlap" in last and not [k for k in last if k.startswith(f"gym/{choice}/result/")]
+    # forced_token_min_logprob (on in this config) drops the tokens toy_lookup's grammar forced, none of toy_choice's
+    assert last[f"gym/{lookup}/forced_token_rate"] > 0.2 and last[f"gym/{choice}/forced_token_rate"] == 0.0
