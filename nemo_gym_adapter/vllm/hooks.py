@@ -49,13 +49,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_adapter.errors import AdapterError, SetupError, TokenAlignmentError
-from nemo_gym_adapter.tokens.splice import last_tokenized_assistant, messages_through, splice_prompt, turn_history
+from nemo_gym_adapter.errors import SetupError, TokenAlignmentError
+from nemo_gym_adapter.tokens.anchor import REQUIRED_PREFIX_KEY, required_prefix, splice_request
+from nemo_gym_adapter.tokens.anchor import Anchor as _Anchor
+from nemo_gym_adapter.tokens.anchor import find_anchor as _find_anchor
+from nemo_gym_adapter.tokens.budget import BUDGET_FIELDS as _BUDGET_FIELDS
+from nemo_gym_adapter.tokens.budget import ContextLengthExceeded, clamp_output_budget
+from nemo_gym_adapter.tokens.splice import messages_through
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate, turn_template_from_tokenizer
 from nemo_gym_adapter.vllm.prefix_render import fast_prefix_ids
 
-REQUIRED_PREFIX_KEY = "required_prefix_token_ids"  # Gym's prefix-supply extension (vllm_model supply_prefix_token_ids)
-_BUDGET_FIELDS = ("max_completion_tokens", "max_tokens")  # vLLM reads the first one that is set
+__all__ = ["REQUIRED_PREFIX_KEY", "ContextLengthExceeded", "clamp_output_budget", "find_anchor", "make_wrapper"]
 SENTINEL = "__ngv_original__"  # attribute on the installed wrapper, pointing at the original method
 # Process-wide splice options (the patch itself is process-wide): set by vllm.patch.apply_patch, read per request.
 OPTIONS = {"assistant_edits": "keep_ids"}
@@ -83,10 +87,6 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
 )
 
 
-class ContextLengthExceeded(AdapterError, ValueError):
-    """The spliced prompt leaves no room for a single output token."""
-
-
 def hook_target_for(version: str) -> HookTarget:
     """The hook for vLLM ``version``; raises ``SetupError`` naming the version and the supported ranges."""
     m = re.match(r"(\d+)\.(\d+)", version or "")
@@ -106,72 +106,21 @@ def hook_target_for(version: str) -> HookTarget:
     )
 
 
-def clamp_output_budget(prompt_len: int, max_model_len: int | None, requested: int | None) -> int | None:
-    """The output budget after the splice: ``min(requested, max_model_len - prompt_len)``.
-
-    ``requested`` None stays None (vLLM then uses the rest of the context itself). Raises ``ContextLengthExceeded``
-    with vLLM's own wording when the prompt leaves no room for one output token.
-    """
-    if max_model_len is None:
-        return requested
-    if prompt_len >= max_model_len:
-        out = max(requested or 0, 1)
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested {out} output "
-            f"tokens and your prompt contains {prompt_len} input tokens (after the token-ID splice), for a total of "
-            f"{prompt_len + out} tokens. Please reduce the length of the input prompt or the number of requested "
-            "output tokens."
-        )
-    room = max_model_len - prompt_len
-    return requested if requested is None else min(requested, room)
-
-
-@dataclass(frozen=True)
-class _Anchor:
-    """Where the model's own tokens end: message ``index``, its ``model_prefix``, and Gym's required prefix."""
-
-    index: int
-    model_prefix: list[int]
-    required: list[int] | None
-    from_messages: bool = True  # False: Gym's required prefix alone, no per-turn ids to check the history with
-
-
 def _required_prefix(request: Any) -> list[int] | None:
     value = (getattr(request, "model_extra", None) or {}).get(REQUIRED_PREFIX_KEY)
     if value is None:
         value = getattr(request, REQUIRED_PREFIX_KEY, None)  # a future vLLM may make it a real field
-    if value is None or (isinstance(value, list) and not value):
-        return None
-    if not isinstance(value, list) or any(type(t) is not int or t < 0 for t in value):
-        raise TokenAlignmentError(f"{REQUIRED_PREFIX_KEY} must be a list of non-negative int token ids")
-    return value
+    return required_prefix(value)
 
 
 def find_anchor(request: Any, messages: Sequence[Any]) -> _Anchor | None:
-    """The splice anchor of a request, or None to leave the request to stock vLLM.
-
-    None when no assistant message carries ids and no ``required_prefix_token_ids`` is given, or when vLLM's
-    disaggregated-serving reuse (``kv_transfer_params.prompt_token_ids``) already fixes the prompt ids.
-    """
+    """The splice anchor of a request (:func:`nemo_gym_adapter.tokens.anchor.find_anchor`), or None to leave the
+    request to stock vLLM: also when vLLM's disaggregated-serving reuse (``kv_transfer_params.prompt_token_ids``)
+    already fixes the prompt ids."""
     kv = getattr(request, "kv_transfer_params", None)
     if isinstance(kv, dict) and kv.get("prompt_token_ids"):
         return None
-    required = _required_prefix(request)
-    found = last_tokenized_assistant(messages)
-    if found is not None:
-        return _Anchor(found[0], found[1], required)
-    if required is None:
-        return None
-    # Gym's prefix supply without ids on the messages: the required prefix is the parent call's prompt + generation,
-    # which ends at the last assistant message. The splice's turn count still checks that this holds.
-    index = next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "assistant"), None)
-    if index is None:
-        raise TokenAlignmentError(f"{REQUIRED_PREFIX_KEY} was given but the conversation has no assistant message")
-    return _Anchor(index, list(required), required, from_messages=False)
-
-
-def _role(message: Any) -> Any:
-    return message.get("role") if isinstance(message, Mapping) else getattr(message, "role", None)
+    return _find_anchor(messages, _required_prefix(request))
 
 
 class _OutputBudget:
@@ -245,22 +194,15 @@ def make_wrapper(original: Any) -> Any:
         try:
             prefix_messages = messages_through(messages, anchor.index)
             prefix_ids = await _render_prefix(original, self, request, prefix_messages, render_args, full)
-            template = _turn_template(self, default_template)
-            history = turn_history(messages, anchor.index, template.stop_texts) if anchor.from_messages else None
-            prompt = splice_prompt(
-                anchor.model_prefix,
+            prompt = splice_request(
+                anchor,
+                messages,
                 prefix_ids,
                 full["prompt_token_ids"],
-                template,
-                history,
+                _turn_template(self, default_template),
                 decode=self.renderer.tokenizer.decode,
                 assistant_edits=OPTIONS["assistant_edits"],
             )
-            if anchor.required is not None and prompt[: len(anchor.required)] != anchor.required:
-                raise TokenAlignmentError(
-                    f"{REQUIRED_PREFIX_KEY} ({len(anchor.required)} ids) is not a prefix of the spliced prompt "
-                    f"({len(prompt)} ids): it disagrees with the assistant message's token ids"
-                )
             budget.clamp(len(prompt), self.model_config.max_model_len)
         except TokenAlignmentError as e:
             raise _bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e

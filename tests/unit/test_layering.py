@@ -14,7 +14,18 @@ REPO = Path(__file__).resolve().parents[2]
 LIB = "nemo_gym_adapter"
 
 # Rank of each part: a module may import parts of a lower rank or its own package; plumbing imports no package.
-PLUMBING = {"config", "console", "errors", "paths", "procs", "loop_thread", "progress", "policy", "wire"}
+PLUMBING = {
+    "config",
+    "console",
+    "errors",
+    "paths",
+    "procs",
+    "loop_thread",
+    "progress",
+    "policy",
+    "server_actors",
+    "wire",
+}
 RANK = {"plumbing": 0, "tokens": 1, "data": 1, "demo_models": 1, "gym": 2, "vllm": 2, "rollouts": 3, "collect": 4}
 RECIPE_RANK = 5
 
