@@ -28,6 +28,7 @@ from nemo_gym_adapter.vllm.hooks import OPTIONS, SENTINEL, hook_target_for, make
 
 logger = logging.getLogger(__name__)
 
+ACTOR_PREFIX = "vllm_server_"  # verl's vLLMReplica names its server actors vllm_server_{replica}_{node}
 _LOCK = threading.Lock()
 
 
@@ -136,7 +137,7 @@ def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> in
     return sum_on_actors(actor_handles, _aborted_inside_actor, timeout)
 
 
-def find_vllm_server_actors(prefix: str = "vllm_server_", all_namespaces: bool = False) -> dict[str, Any]:
+def find_vllm_server_actors(prefix: str = ACTOR_PREFIX, all_namespaces: bool = False) -> dict[str, Any]:
     """verl's vLLM rollout server actors by name: ``{prefix}{replica}_{node}[_{suffix}]`` (and PD ``decode_``
     servers; :func:`nemo_gym_adapter.server_actors.find_server_actors`). Reward and teacher servers
     (``vllm_server_reward_*``, ``vllm_server_teacher_*``) are not included."""
