@@ -27,6 +27,7 @@ Installed by :mod:`nemo_gym_adapter.sglang.patch`; fastapi (SGLang's dependency)
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
@@ -76,6 +77,19 @@ def token_fields(body: dict[str, Any], ret: Sequence[Mapping[str, Any]], ids: Re
     return body
 
 
+def json_response(body: dict[str, Any]) -> Any:
+    """A 200 JSON answer (orjson where installed, as SGLang's own answers; long id lists serialise fast)."""
+    from fastapi.responses import Response
+
+    try:
+        import orjson
+
+        content = orjson.dumps(body)
+    except ImportError:
+        content = json.dumps(body).encode()
+    return Response(content=content, media_type="application/json")
+
+
 def make_response_wrapper(original: Any, *, chat: bool = True) -> Any:
     """``_build_chat_response`` (``chat``) or ``_build_completion_response``, both ``(self, request, ret, created)``:
     a 503 for an aborted generation; for chat, the token fields the request asked for. Carries the original under
@@ -89,9 +103,7 @@ def make_response_wrapper(original: Any, *, chat: bool = True) -> Any:
         ids = CURRENT.get() if chat else None
         if ids is None or not (ids.return_token_ids or ids.tokens_as_ids) or not hasattr(response, "model_dump"):
             return response
-        from fastapi.responses import ORJSONResponse
-
-        return ORJSONResponse(token_fields(response.model_dump(), ret, ids))
+        return json_response(token_fields(response.model_dump(), ret, ids))
 
     setattr(build_response, SENTINEL, original)
     return build_response
