@@ -9,7 +9,7 @@ which token-ID patch goes inside them:
 name       server actors        token-ID patch                      engine probe (``gym/engine/probe_*``)
 =========  ===================  ==================================  ==========================================
 vllm       ``vllm_server_*``    :mod:`nemo_gym_adapter.vllm.patch`    ``/v1/completions`` ``prompt_logprobs``
-sglang     ``sglang_server_*``  :mod:`nemo_gym_adapter.sglang.patch`  none (SGLang has no ``prompt_logprobs``)
+sglang     ``sglang_server_*``  :mod:`nemo_gym_adapter.sglang.patch`  ``/generate`` ``logprob_start_len: 0``
 =========  ===================  ==================================  ==========================================
 
 Any other name fails at start-up naming the key (``nemo_gym_adapter.config.load_config``; :func:`engine_named` again
@@ -47,7 +47,7 @@ class Engine:
     label: str  # for messages
     actor_prefix: str  # verl's server actor names: {prefix}{replica}_{node}
     patch: ModuleType  # apply_patch_to_actors(handles, assistant_edits=) and aborted_turns(handles)
-    probe: bool  # the engine probe (vLLM's prompt_logprobs on /v1/completions) works on it
+    probe_api: str  # how policy.probe_logprob asks it for prompt log-probs
 
     def find_actors(self) -> dict[str, Any]:
         """The live server actors of this engine in this Ray namespace, by name."""
@@ -63,8 +63,8 @@ class Engine:
 
 
 ENGINES: dict[str, Engine] = {
-    "vllm": Engine("vllm", "vLLM", vllm_patch.ACTOR_PREFIX, vllm_patch, probe=True),
-    "sglang": Engine("sglang", "SGLang", sglang_patch.ACTOR_PREFIX, sglang_patch, probe=False),
+    "vllm": Engine("vllm", "vLLM", vllm_patch.ACTOR_PREFIX, vllm_patch, probe_api="completions"),
+    "sglang": Engine("sglang", "SGLang", sglang_patch.ACTOR_PREFIX, sglang_patch, probe_api="generate"),
 }
 assert tuple(ENGINES) == ROLLOUT_ENGINES, "nemo_gym_adapter.config.ROLLOUT_ENGINES names the same engines"
 

@@ -231,17 +231,16 @@ class GymManagerBase:
         return finished.metrics() if finished is not None else {}
 
     def engine_probe_metrics(self) -> dict[str, float]:
-        """``gym/engine/probe_logprob_mean`` (vLLM only: SGLang has no ``prompt_logprobs``): the first replica's mean
-        log-probability of :data:`policy.PROBE_TEXT` with the weights it serves now (``policy.probe_logprob``); it
-        moves only when a weight sync reached the engine. ``gym/engine/aborted_turns_total`` (patched replicas): model
+        """``gym/engine/probe_logprob_mean``: the first replica's mean log-probability of :data:`policy.PROBE_TEXT`
+        with the weights it serves now (``policy.probe_logprob``, the engine's own API); it moves only when a weight
+        sync reached the engine. ``gym/engine/aborted_turns_total`` (patched replicas): model
         calls the engine aborted and the patch's abort guard sent back to Gym for a retry (``vllm.abort``,
         ``sglang.answer``; cumulative). Each key is left out when it cannot be read (a failed read never fails a
         step)."""
         if not self.replicas or self.served_model_name is None:
             return {}
-        probe = None
-        if self.engine.probe:
-            probe = probe_logprob(next(iter(self.replicas)), self.served_model_name, self.probe_ids)
+        address = next(iter(self.replicas))
+        probe = probe_logprob(address, self.served_model_name, self.probe_ids, api=self.engine.probe_api)
         metrics = {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
         if self.recipe.gym.patch_vllm and self.replica_handles:
             # Chat completions the engine aborted (async weight syncs) that the guard sent back to Gym for a retry.

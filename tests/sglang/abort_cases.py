@@ -80,10 +80,20 @@ def test_a_server_without_a_tokenizer_is_refused_naming_the_verl_key():
         sglang_patch._patch_inside_actor(actor)
 
 
-def test_the_health_and_models_endpoints_the_manager_reads_answer(servers, patched):
-    """The manager reads ``/v1/models`` (served name, context length) and the liveness probe ``/health``."""
+def test_what_the_manager_reads_from_a_replica_answers(servers, patched):
+    """``/v1/models`` (served name, context length: ``policy.read_model_card``), the liveness probe ``/health``, and
+    the engine probe through SGLang's native ``/generate`` (``policy.probe_logprob(api="generate")``: the mean
+    prompt log-prob the scheduler returned, the first token having none)."""
+    from nemo_gym_adapter.policy import probe_logprob, read_model_card
+    from tests.sglang.engine import logprob_of
+
     server = servers("qwen25")
     health = server.client.get("/health")
     assert health.status_code == 200, health.text
-    card = server.client.get("/v1/models").json()["data"][0]
-    assert card["id"] == server.model and card["max_model_len"] == 1024
+    address = str(server.client.base_url).removeprefix("http://").rstrip("/")
+    card = read_model_card({address: "sglang_server_0_0"})
+    assert (card.name, card.max_model_len) == (server.model, 1024)
+    ids = server.tokenizer.encode("The weather in Paris is sunny.", add_special_tokens=False)
+    expected = sum(logprob_of(i, t) for i, t in enumerate(ids[1:], start=1)) / (len(ids) - 1)
+    assert probe_logprob(address, server.model, ids, api="generate") == pytest.approx(expected)
+    assert server.scheduler.calls[-1].input_ids == ids

@@ -145,6 +145,11 @@ class ScriptedScheduler:
         surr = max(len(req.input_ids) - 5, 0)  # INIT_INCREMENTAL_DETOKENIZATION_OFFSET
         logprob = req.return_logprob
         per_req_empty = [[]] if logprob else None
+        # Prompt log-probs (native /generate with logprob_start_len >= 0, the engine probe) as the real scheduler
+        # shapes them: None for the first token (scheduler_output_processor_mixin.py:720), ids from the start on.
+        start = getattr(req, "logprob_start_len", -1)
+        prompt_ids = list(req.input_ids[start:]) if logprob and start is not None and start >= 0 else []
+        prompt_vals = [None] + [logprob_of(i, t) for i, t in enumerate(prompt_ids[1:], start=1)] if prompt_ids else []
         out = BatchTokenIDOutput(
             rids=[req.rid],
             http_worker_ipcs=[None],
@@ -165,8 +170,8 @@ class ScriptedScheduler:
             completion_tokens=[len(ids)],
             cached_tokens=[0],
             cached_tokens_details=[None],
-            input_token_logprobs_val=per_req_empty,
-            input_token_logprobs_idx=per_req_empty,
+            input_token_logprobs_val=[prompt_vals] if logprob else None,
+            input_token_logprobs_idx=[prompt_ids] if logprob else None,
             output_token_logprobs_val=[[logprob_of(i, t) for i, t in enumerate(ids)]] if logprob else None,
             output_token_logprobs_idx=[list(ids)] if logprob else None,
             input_top_logprobs_val=per_req_empty,

@@ -29,7 +29,7 @@ def test_each_supported_name_has_its_engine_and_others_are_refused_naming_the_ke
     assert tuple(backends.ENGINES) == ROLLOUT_ENGINES
     assert backends.engine_of(_config("vllm")).actor_prefix == "vllm_server_"
     sglang = backends.engine_of(_config("sglang"))
-    assert (sglang.actor_prefix, sglang.label, sglang.probe) == ("sglang_server_", "SGLang", False)
+    assert (sglang.actor_prefix, sglang.label, sglang.probe_api) == ("sglang_server_", "SGLang", "generate")
     assert sglang.patch.__name__ == "nemo_gym_adapter.sglang.patch"
     with pytest.raises(AdapterConfigError, match=r"actor_rollout_ref.rollout.name='trtllm': .* vllm and sglang"):
         backends.engine_of(_config("trtllm"))
