@@ -179,7 +179,8 @@ class RolloutWindow:
 
 
 def _server_weight_version(server: Any) -> int | None:
-    """Runs inside a vLLM server actor: the ``global_steps`` verl's last weight sync set (``set_global_steps``)."""
+    """Runs inside a rollout server actor (vLLM or SGLang): the ``global_steps`` verl's last weight sync set
+    (``set_global_steps``, the same attribute on both of verl's servers)."""
     return getattr(server, "global_steps", None)
 
 
