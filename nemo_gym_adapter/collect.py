@@ -9,9 +9,12 @@
 
 The policy is a checkpoint (``--model``; default: the demo's tiny model) served here by vLLM with the token-ID patch
 (``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags), or any OpenAI-compatible server
-(``--policy-base-url``). Gym is started here with the bundled environments (``--env``) and/or your configs
-(``--config-path``) in front of that policy, or attached to (``--gym-head-url``: that Gym's own policy). Rows: ``--data`` JSONL files
-(validated, errors name ``file:line``) or each ``--env``'s bundled examples, times ``--repeats``.
+(``--policy-base-url``). Gym is started here with the bundled environments (``--env NAME``: the config that declares
+its ``data/example.jsonl`` for an agent, as Gym links rows to agents: ``gym.catalogue``) and/or your configs
+(``--config-path``) in front of that policy, or attached to (``--gym-head-url``: that Gym's own policy). Rows: ``--data``
+JSONL files (rows without ``agent_ref``/``task_source`` go to ``--agent``, else to the one ``--env``'s agent) or each
+``--env``'s bundled examples (routed to the declaring agent), times ``--repeats``; every row is checked before
+anything starts (errors name ``file:line``).
 
 Every row goes through :class:`~nemo_gym_adapter.rollouts.core.RolloutCore`, as in training, so the summary is the
 training metrics (``metrics.compute_metrics``: reward, success and masked rates by reason, turns, tokens, latency)
@@ -31,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,7 +42,7 @@ from typing import Any, TextIO
 DEFAULT_ENVS = ("example_single_tool_call",)
 NO_LIMIT = 1 << 20  # token budget when none is given: report every rollout, never truncate
 SUMMARY_KEYS: tuple[str, ...] = ("num_samples", "reward_mean", "success_rate", "masked_rate", "contiguity_rate")
-SUMMARY_KEYS += ("num_turns_mean", "generated_tokens_mean", "truncation_rate", "latency_p50")
+SUMMARY_KEYS += ("num_turns_mean", "generated_tokens_mean", "truncation_rate", "latency_p50", "split_rate")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,8 +59,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--config-path", action="append", default=[], metavar="YAML", help="Gym config (repeatable)")
     g.add_argument("--gym-head-url", help="attach to a running Gym's head server instead of starting one")
     g.add_argument("--data", action="append", default=[], metavar="JSONL", help="row files (repeatable)")
+    g.add_argument(
+        "--agent",
+        metavar="NAME",
+        help="agent for --data rows without agent_ref/task_source (Gym's agent_map._default; default: the agent of "
+        "the one --env). An --env's own example rows go to the agent its config declares them for",
+    )
     g.add_argument("--repeats", type=int, default=4, help="send every row this many times (default 4)")
-    g.add_argument("--limit", type=int, default=None, help="use only the first N rows (before repeats)")
+    g.add_argument("--limit", type=int, default=None, help="use only the first N rows of each file (before repeats)")
     g.add_argument("--max-steps", type=int, default=4, help="simple_agent model calls per rollout (default 4)")
     m = p.add_argument_group("policy")
     m.add_argument("--model", help="checkpoint to serve with the patched vLLM (default: the demo's tiny qwen25)")
@@ -69,10 +78,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--max-output-tokens", type=int, default=64, help="per model call (default 64)")
     m.add_argument("--prompt-length", type=int, default=None, help="training's prompt budget (default: none)")
     m.add_argument("--response-length", type=int, default=None, help="training's response budget (default: none)")
+    m.add_argument(
+        "--contiguity",
+        choices=("mask", "truncate", "split"),
+        default="mask",
+        help="rollouts whose calls do not form one history: nemo_gym.trajectory.contiguity (default mask)",
+    )
     c = p.add_argument_group("client and output")
     c.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once (default 32)")
     c.add_argument("--timeout", type=float, default=600.0, help="per-rollout deadline in seconds (default 600)")
     c.add_argument("--retries", type=int, default=3, help="resends after connection errors (default 3)")
+    c.add_argument("--startup-timeout", type=float, default=300.0, help="seconds for Gym to start (default 300)")
     c.add_argument("--output", type=Path, help="write one JSON line per rollout (result or failure record)")
     c.add_argument("--json", action="store_true", help="print the summary as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -84,8 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key in positive:
         if getattr(args, key) is not None and getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
-    if args.timeout <= 0 or args.retries < 0:
-        p.error("--timeout must be > 0 and --retries >= 0")
+    if args.timeout <= 0 or args.retries < 0 or args.startup_timeout <= 0:
+        p.error("--timeout and --startup-timeout must be > 0 and --retries >= 0")
     if args.model and args.policy_base_url:
         p.error("--model serves a checkpoint here; --policy-base-url uses a running server: give one of them")
     if args.gym_head_url and (args.envs or args.config_path or args.model or args.policy_base_url):
@@ -97,34 +113,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--gym-head-url needs --data (the bundled examples belong to environments started here)")
     if not args.data and not args.envs:
         p.error("no rows: give --data, or --env for its bundled examples")
+    if args.agent and not args.data:
+        p.error("--agent names the agent for --data rows without routing; an --env's examples go to the agent its "
+                "config declares them for")  # fmt: skip
     for path in args.data:
         if not Path(path).is_file():
             p.error(f"--data {path}: no such file")
     return args
 
 
-def row_files(args: argparse.Namespace, gym_root: Path | None) -> list[tuple[Path, str | None]]:
-    """(file, default agent) pairs: --data files, or each --env's bundled examples. Rows without routing go to
-    ``<env>_simple_agent`` (their own env's for examples, the single --env's for --data)."""
+def row_files(args: argparse.Namespace, bundled: Sequence[Any], out_dir: Path) -> list[tuple[Path, str | None]]:
+    """(file, default agent) pairs: --data files (rows without routing: ``--agent``, else the one --env's agent), or
+    each --env's examples routed to the agent its config declares them for (``gym.catalogue``, as Gym's collate)."""
+    from nemo_gym_adapter.gym.catalogue import declared_rows
+
     if args.data:
-        default = f"{args.envs[0]}_simple_agent" if len(args.envs) == 1 else None
+        default = args.agent or (bundled[0].agent if len(bundled) == 1 else None)
         return [(Path(path), default) for path in args.data]
-    assert gym_root is not None  # examples only come with environments started here
-    return [(gym_root / "resources_servers" / e / "data" / "example.jsonl", f"{e}_simple_agent") for e in args.envs]
+    return [(declared_rows(env, out_dir), env.agent) for env in bundled]
 
 
-def start_gym(args: argparse.Namespace, stack: ExitStack, gym_root: Path) -> Any:
+def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]) -> Any:
     """A Gym started here with --env/--config-path in front of the policy (served here unless --policy-base-url)."""
     from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
     from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.policy import read_model_card
 
-    configs = [f"resources_servers/{env}/configs/{env}.yaml" for env in args.envs]
-    missing = [c for c in configs if not (gym_root / c).is_file()]
-    if missing:
-        from nemo_gym_adapter.errors import AdapterConfigError
-
-        raise AdapterConfigError(f"--env: no bundled Gym config {missing} under {gym_root}")
+    configs = [env.config for env in bundled]
     base_url, name = args.policy_base_url, args.model_name
     if base_url is None:
         from nemo_gym_adapter.vllm.server import start_vllm_server
@@ -135,14 +150,14 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, gym_root: Path) -> Any
         base_url = stack.enter_context(start_vllm_server(model, name, extra_args=args.vllm_arg)).base_url
     name = name or read_model_card({base_url: "--policy-base-url"}).name
     # A random model that calls a tool would otherwise loop until its context is full.
-    agents = [f"{e}_simple_agent" for e in args.envs]
-    agents = [a for a, c in zip(agents, configs, strict=True) if f"\n{a}:" in "\n" + (gym_root / c).read_text()]
+    agents = [env.agent for env in bundled if env.agent_impl == "simple_agent"]
     max_steps = {"responses_api_agents": {"simple_agent": {"max_steps": args.max_steps}}}
     spec = GymLaunchSpec(
         config_paths=[*configs, *args.config_path, TRAINING_MODEL_CONFIG],
         policy_base_url=[base_url],
         policy_model_name=name,
         config_overrides={agent: max_steps for agent in agents},
+        startup_timeout_s=args.startup_timeout,
         # Own Ray temp dir: a stale /tmp/ray/ray_current_cluster (left by a dead `ray start`) would make Gym's
         # ray.init() try to join that dead cluster instead of starting its own.
         env={"RAY_TMPDIR": stack.enter_context(tempfile.TemporaryDirectory(prefix="ngv-ray-"))},
@@ -169,6 +184,9 @@ def record(row: Any) -> dict[str, Any]:
         "attempts": o.attempts,
         "reward": t.gym_reward,
         "masked_reason": t.masked_reason.value if t.masked_reason else None,
+        "samples": len(row.samples),  # > 1: split into segments (nemo_gym.trajectory.contiguity: split)
+        "num_turns": t.num_turns,  # model calls (kept ones, when a history broke)
+        "contiguity_failure": t.contiguity_failure,
         "result": o.result,
         "failure": o.failure.__dict__ if o.failure else None,
     }
@@ -219,8 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     # Heavy imports only after the arguments are known to be good (STYLE.md §2).
     from nemo_gym_adapter import paths
-    from nemo_gym_adapter.data.dataset import load_gym_jsonl
+    from nemo_gym_adapter.data.dataset import check_gym_jsonl, load_gym_jsonl
     from nemo_gym_adapter.errors import AdapterError
+    from nemo_gym_adapter.gym.catalogue import bundled_env
     from nemo_gym_adapter.gym.launch import gym_package_root
     from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.rollouts.client import RolloutClientConfig
@@ -230,19 +249,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ExitStack() as stack:
             t0 = time.monotonic()
-            if args.gym_head_url:
-                gym_root, gym = None, GymServers.attach(args.gym_head_url)
-            else:
-                gym_root = gym_package_root(paths.gym_venv())
-                gym = start_gym(args, stack, gym_root)
+            gym_root = None if args.gym_head_url else gym_package_root(paths.gym_venv())
+            bundled = [bundled_env(gym_root, env) for env in args.envs] if gym_root is not None else []
+            files = row_files(args, bundled, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ngv-rows-"))))
+            # Every row is checked before anything starts: a bad row costs a second, not a Gym start-up. The rows are
+            # loaded again once Gym runs, with its task_source map (a cache hit apart from that map).
+            for path, default in files:
+                check_gym_jsonl([path], default_agent=default)
+            gym = GymServers.attach(args.gym_head_url) if args.gym_head_url else start_gym(args, stack, bundled)
             routes = gym.routes()
             setup_s = time.monotonic() - t0
             rows: list[Any] = []
-            for path, default in row_files(args, gym_root):
-                rows += load_gym_jsonl([path], task_source_map=routes.task_sources, default_agent=default)
-            rows = rows[: args.limit] * args.repeats
+            for path, default in files:
+                loaded = load_gym_jsonl([path], task_source_map=routes.task_sources, default_agent=default)
+                rows += list(loaded[: args.limit])
+            rows = rows * args.repeats
             trajectory = TrajectoryConfig(
-                prompt_length=args.prompt_length or NO_LIMIT, response_length=args.response_length or NO_LIMIT
+                prompt_length=args.prompt_length or NO_LIMIT,
+                response_length=args.response_length or NO_LIMIT,
+                contiguity=args.contiguity,
             )
             client = RolloutClientConfig(
                 max_concurrency=args.concurrency,

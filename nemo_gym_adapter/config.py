@@ -14,6 +14,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       hydra_overrides: []            # raw `gym env start` overrides
       host: null                     # a started Gym's bind host; null: 127.0.0.1 (only this host calls it)
       head_port: null                # null: a free port
+      port_range: null               # [low, high] of Gym's servers' ports; null: a band Ray and the kernel never hand out
+      port_retries: 2                # relaunches with new ports when a Gym server loses its port at start-up
       gym_venv: null                 # null: paths.gym_venv() (NGV_GYM_VENV)
       ray_head: early                # Gym's Ray: early (started before verl's workers, gym_ray) | gym | host:port
       warm_launcher: true            # Gym's launcher pre-imported next to the Ray head (gym.warm); false: cold
@@ -25,7 +27,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
-      trajectory: {contiguity: mask, mask_on_failure_kind: false}
+      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}}  # contiguity: mask | truncate | split (v1) | raise; verifier_errors: {<env>|_default: mask|reward0}
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
@@ -74,8 +76,14 @@ class ClientSection(_Section):
 class TrajectorySection(_Section):
     """``nemo_gym.trajectory``: how Gym results become token trajectories (``trajectory.TrajectoryConfig``)."""
 
-    contiguity: Literal["mask", "truncate", "raise"] = "mask"
+    # Model calls that do not form one history (trajectory.build_trajectories): mask the rollout, truncate it to the
+    # contiguous calls, split it into prefix-consistent samples (v1 trainer only), or raise.
+    contiguity: Literal["mask", "truncate", "split", "raise"] = "mask"
     mask_on_failure_kind: bool = False
+    # What a verifier error becomes, per environment (trajectory.MaskReason.VERIFIER_ERROR): mask (default; never a
+    # fabricated score) or reward0 (trained with reward 0: for an environment whose verifier cannot score output it
+    # cannot parse, so an untrained model can learn the format). "_default" covers every other environment.
+    verifier_errors: dict[str, Literal["mask", "reward0"]] = Field(default_factory=dict)
 
 
 class MetricsSection(_Section):
@@ -109,6 +117,12 @@ class NemoGymConfig(_Section):
     hydra_overrides: list[str] = Field(default_factory=list)
     host: str | None = None
     head_port: int | None = Field(None, ge=1, le=65535)
+    # Gym's servers' ports (Gym's port_range_low/high); null: gym.ports.safe_port_range(), outside Ray's CLI worker
+    # ports and the kernel's ephemeral range (Gym's own default is Ray's band: a start-up race).
+    port_range: tuple[int, int] | None = None
+    # A Gym server that still loses its port at start-up (another process took it): relaunch Gym with new ports this
+    # many times, logged, then fail.
+    port_retries: int = Field(2, ge=0)
     gym_venv: str | None = None
     # The Ray cluster Gym joins (Gym 0.7 always calls ray.init): early -- a head from Gym's venv started while verl
     # starts (nemo_gym_adapter.gym.ray_head) --, gym -- Gym starts its own --, or the host:port of a running one started
@@ -159,6 +173,16 @@ class NemoGymConfig(_Section):
         # A derived config cannot delete a key it inherits (OmegaConf merges dicts), so `<block>: null` means "no
         # override for this Gym block": e.g. a demo config switching environments drops its parent's agent override.
         return {name: value for name, value in overrides.items() if value is not None}
+
+    @field_validator("port_range")
+    @classmethod
+    def _port_range(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and not (1024 <= value[0] < value[1] <= 65535):
+            raise ValueError(
+                "must be [low, high] with 1024 <= low < high <= 65535, e.g. [20000, 32767] (null: a band outside "
+                "Ray's worker ports and the kernel's ephemeral range)"
+            )
+        return value
 
     @field_validator("ray_head")
     @classmethod
@@ -313,6 +337,12 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         manager,
         f"with trainer.use_v1={use_v1} set it to {wanted} (or a subclass), or to ${{ngv_manager:${{trainer.use_v1}}}}",
     )
+    if gym is not None and not v1 and gym.trajectory.contiguity == "split":
+        problems.append(
+            "nemo_gym.trajectory.contiguity='split': several samples per rollout need verl's v1 trainer (sessions "
+            "keyed {uid}_{session}_{i}); the legacy trainer's batch holds one sample per rollout. Set "
+            "trainer.use_v1=true, or nemo_gym.trajectory.contiguity to mask or truncate"
+        )
     name = _select(cfg, "actor_rollout_ref.rollout.name", None)
     need(
         "actor_rollout_ref.rollout.name",

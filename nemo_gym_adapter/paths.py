@@ -40,3 +40,11 @@ def tiny_models_dir() -> Path:
 def logs_dir() -> Path:
     """Per-server log files (``NGV_LOG_DIR``)."""
     return _env_path("NGV_LOG_DIR", REPO_ROOT / "logs")
+
+
+def node_state_dir() -> Path:
+    """Node-local state of running trainers (``NGV_STATE_DIR``; default ``$XDG_RUNTIME_DIR/ngv``, else
+    ``/tmp/ngv-<uid>``): what the next launch on this node sweeps if a trainer died outright (``reaper``)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    default = Path(runtime) / "ngv" if runtime else Path("/tmp") / f"ngv-{os.getuid()}"
+    return _env_path("NGV_STATE_DIR", default)

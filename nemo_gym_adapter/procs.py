@@ -15,7 +15,6 @@ Rules this module enforces (see STYLE.md §8):
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import signal
@@ -276,48 +275,6 @@ class SessionProcess(ManagedProcess):
         leftovers = set(session_members(sid)) | {p for p in before if alive(p)}
         if leftovers:  # typically Ray's agents, which ignore SIGTERM: no longer grace than the tree had
             kill_tree(leftovers, timeout=min(2.0, timeout))
-
-
-def write_pid_record(path: Path, pids: Iterable[int]) -> None:
-    """A record of processes we own, for a sweep by another process if ours is killed outright
-    (:func:`sweep_pid_record`): the pids, their session ids (a launcher leads its own session, whose id still finds
-    its processes after they are re-parented) and our pid."""
-    pids = sorted(pids)
-    sessions = set()
-    for pid in pids:
-        try:
-            sessions.add(os.getsid(pid))
-        except OSError:
-            continue
-    record = {"sessions": sorted(sessions), "pids": pids, "owner_pid": os.getpid()}
-    path.write_text(json.dumps(record) + "\n")
-
-
-def sweep_pid_record(path: Path, what: str) -> list[int]:
-    """Stop what a :func:`write_pid_record` record still names -- every member of its sessions, and each recorded
-    pid still in one of them (never matched by name) --, remove the record and return the pids stopped."""
-    if not path.is_file():
-        return []
-    try:
-        record = json.loads(path.read_text())
-    except ValueError:
-        logger.warning("unreadable %s pid file %s; nothing swept", what, path)
-        return []
-    sessions = {int(s) for s in record.get("sessions", [])}
-    leftovers = {p for s in sessions for p in session_members(s)}
-    for pid in record.get("pids", []):
-        try:
-            if os.getsid(int(pid)) in sessions:
-                leftovers.add(int(pid))
-        except OSError:
-            continue
-    if leftovers:
-        logger.warning(
-            "stopping %d %s process(es) left behind (%s): %s", len(leftovers), what, path.name, sorted(leftovers)
-        )
-        kill_tree(sorted(leftovers), timeout=5.0)
-    path.unlink(missing_ok=True)
-    return sorted(leftovers)
 
 
 def alive(pid: int) -> bool:

@@ -127,7 +127,9 @@ class DatasetRow(WireModel):
 
 
 class OutputItem(WireModel):
-    """One item of ``response.output``. Model-call items may carry the three token-id fields (all or none)."""
+    """One item of ``response.output``. Model-call items may carry the token-id fields: both id fields or none; their
+    log-probs may be missing or of another length (a trainable turn without log-probs: masked ``missing_log_probs``
+    by the trajectory, not an invalid result)."""
 
     type: str | None = None
     role: str | None = None
@@ -158,15 +160,17 @@ class OutputItem(WireModel):
     @model_validator(mode="after")
     def _atomic_token_fields(self) -> OutputItem:
         present = [f for f in TOKEN_FIELDS if getattr(self, f) is not None]
-        if present and len(present) != len(TOKEN_FIELDS):
-            missing = sorted(set(TOKEN_FIELDS) - set(present))
+        ids_present = [f for f in TOKEN_FIELDS[:2] if getattr(self, f) is not None]
+        if present and len(ids_present) != 2:
+            missing = sorted(set(TOKEN_FIELDS[:2]) - set(ids_present))
             raise ValueError(f"token fields must come together: has {present}, missing {missing}")
-        ids, logprobs = self.generation_token_ids, self.generation_log_probs
-        if ids is not None and logprobs is not None and len(ids) != len(logprobs):
-            raise ValueError(
-                f"generation_token_ids has {len(ids)} ids but generation_log_probs has {len(logprobs)} values"
-            )
         return self
+
+    @property
+    def log_probs_complete(self) -> bool:
+        """One log-prob per generated token (the length check; the trajectory checks that they are finite)."""
+        ids, logprobs = self.generation_token_ids, self.generation_log_probs
+        return ids is not None and logprobs is not None and len(ids) == len(logprobs)
 
     @property
     def has_token_ids(self) -> bool:
@@ -218,11 +222,17 @@ class GymRunResult(WireModel):
     def model_calls(self) -> list[tuple[int, ModelCall]]:
         """``(index in response.output, its ids)`` of every item that carries token ids, in trajectory order."""
         return [
-            (i, ModelCall(item.prompt_token_ids, item.generation_token_ids, item.generation_log_probs))
+            (i, ModelCall(item.prompt_token_ids, item.generation_token_ids, item.generation_log_probs or []))
             for i, item in enumerate(self.response.output)
-            if item.prompt_token_ids is not None
-            and item.generation_token_ids is not None
-            and item.generation_log_probs is not None
+            if item.prompt_token_ids is not None and item.generation_token_ids is not None
+        ]
+
+    def calls_without_log_probs(self) -> list[int]:
+        """``response.output`` indices of model calls whose ids came back without (all their) log-probs."""
+        return [
+            i
+            for i, item in enumerate(self.response.output)
+            if item.prompt_token_ids is not None and not item.log_probs_complete
         ]
 
     def first_id_beyond_int64(self) -> str:

@@ -209,7 +209,7 @@ fi
 # ---------------------------------------------------------------- tiny models
 step="tiny test models"
 if .venv/bin/python -c "import nemo_gym_adapter.demo_models.tiny_models" 2>/dev/null; then
-  .venv/bin/python -m nemo_gym_adapter.demo_models.tiny_models --family all >/dev/null
+  .venv/bin/python -m nemo_gym_adapter.demo_models --family all >/dev/null
   say "tiny models ready under ${NGV_TINY_MODELS:-$CACHE/tiny-models}"
 fi
 step=""

@@ -15,7 +15,9 @@ cd "$REPO"
 CACHE="${NGV_CACHE_DIR:-$REPO/.cache}"
 export PIP_CACHE_DIR="$CACHE/pip"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-TEST_DEPS=("pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" "hypothesis>=6.100" "ruff>=0.6" "mypy>=1.10")
+# ruff pinned: its releases sort and format differently (0.16 and 0.17 disagreed on tomllib), and lint must not
+# change with whatever the index serves that day.
+TEST_DEPS=("pytest>=8" "pytest-asyncio>=0.23" "pytest-timeout>=2.3" "hypothesis>=6.100" "ruff==0.16.9" "mypy>=1.10")
 
 say() { printf '[setup-tests] %s\n' "$*"; }
 die() { printf '[setup-tests] ERROR: %s\n' "$*" >&2; exit 1; }

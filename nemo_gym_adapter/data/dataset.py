@@ -40,6 +40,7 @@ import os
 import sys
 import time
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -167,42 +168,76 @@ def load_gym_jsonl(
             directory that cannot be written.
     """
     started = time.perf_counter()
-    files = _as_path_list(paths)
-    if not files:
-        raise DatasetError("no dataset files given")
-    known = frozenset(known_agents) if known_agents is not None else None
-    checks: dict[str, Any] = {
-        "known_agents": known,
-        "task_source_map": dict(task_source_map) if task_source_map else None,
-        "default_agent": default_agent,
-    }
-    settings = {**checks, "known_agents": sorted(known) if known is not None else None}
-    root = Path(cache_dir).expanduser() if cache_dir else dataset_store.default_cache_root()
-    try:
-        hashes: list[str] | None = [dataset_store.content_hash(p) for p in files]
-    except OSError:  # a missing or unreadable file: validation below reports it with everything else
-        hashes = None
-    key = dataset_store.cache_key(hashes, settings, _validator_fingerprint()) if hashes is not None else None
-    store = dataset_store.open_entry(root, key, files) if key is not None else None
+    job = _Job.of(paths, known_agents, task_source_map, default_agent, cache_dir)
+    store = dataset_store.open_entry(job.root, job.key, job.files) if job.key is not None else None
     how = "cached"
     if store is None:
-        logger.info("Gym dataset: validating %s into the cache under %s", files, root)
-        store, how = _build(files, hashes, root, key, checks, settings), "validated"
+        logger.info("Gym dataset: validating %s into the cache under %s", job.files, job.root)
+        store, how = StoredRows(_build(job), job.files), "validated"
     rows = GymRows(store)
     elapsed = time.perf_counter() - started
     logger.info("Gym dataset: %d rows, %s in %.1f s (%s)", len(rows), how, elapsed, store.entry)
     return rows
 
 
-def _build(
-    files: list[str],
-    hashes: list[str] | None,
-    root: Path,
-    key: str | None,
-    checks: Mapping[str, Any],
-    settings: Mapping[str, Any],
-) -> StoredRows:
-    """Validate every row into a new cache entry (committed only when all rows are valid) and map it."""
+def check_gym_jsonl(
+    paths: str | os.PathLike | Iterable[str | os.PathLike],
+    known_agents: Collection[str] | None = None,
+    *,
+    task_source_map: Mapping[str, str] | None = None,
+    default_agent: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Validate like :func:`load_gym_jsonl` (same arguments, same cache entry) without mapping the rows, and return
+    the cache entry: a committed entry is proof its rows were valid, so a cached check reads no row and imports
+    neither ``datasets`` nor pyarrow. Raises :class:`DatasetError` as :func:`load_gym_jsonl` does."""
+    job = _Job.of(paths, known_agents, task_source_map, default_agent, cache_dir)
+    entry = dataset_store.find_entry(job.root, job.key) if job.key is not None else None
+    return entry if entry is not None else _build(job)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One load's files, their content hashes (None: a file could not be hashed), cache root, key and checks."""
+
+    files: list[str]
+    hashes: list[str] | None
+    root: Path
+    key: str | None
+    checks: dict[str, Any]
+    settings: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        paths: str | os.PathLike | Iterable[str | os.PathLike],
+        known_agents: Collection[str] | None,
+        task_source_map: Mapping[str, str] | None,
+        default_agent: str | None,
+        cache_dir: str | os.PathLike | None,
+    ) -> _Job:
+        files = _as_path_list(paths)
+        if not files:
+            raise DatasetError("no dataset files given")
+        known = frozenset(known_agents) if known_agents is not None else None
+        checks: dict[str, Any] = {
+            "known_agents": known,
+            "task_source_map": dict(task_source_map) if task_source_map else None,
+            "default_agent": default_agent,
+        }
+        settings = {**checks, "known_agents": sorted(known) if known is not None else None}
+        root = Path(cache_dir).expanduser() if cache_dir else dataset_store.default_cache_root()
+        try:
+            hashes: list[str] | None = [dataset_store.content_hash(p) for p in files]
+        except OSError:  # a missing or unreadable file: validation reports it with everything else
+            hashes = None
+        key = dataset_store.cache_key(hashes, settings, _validator_fingerprint()) if hashes is not None else None
+        return cls(files, hashes, root, key, checks, settings)
+
+
+def _build(job: _Job) -> Path:
+    """Validate every row into a new cache entry (committed only when all rows are valid); returns the entry."""
+    files, hashes, root, key, checks, settings = job.files, job.hashes, job.root, job.key, job.checks, job.settings
     if key is None:
         _validate_into(files, None, None, checks)  # reports the file(s) that could not be hashed
         raise DatasetError(f"{files}: a file could not be read consistently (changed while loading?); load again")
@@ -215,7 +250,7 @@ def _build(
             f"cannot write the dataset cache under {root} ({e}); free space there or point HF_DATASETS_CACHE or "
             "data.nemo_gym.cache_dir elsewhere"
         ) from e
-    return StoredRows(entry, files)
+    return entry
 
 
 def _config_section(config: Any) -> Mapping[str, Any]:
@@ -249,6 +284,30 @@ def _select(rows: GymRows, max_samples: int, config: Any) -> GymRows:
     return rows.select(rng.choice(len(rows), size=max_samples, replace=False).tolist())
 
 
+def load_for_config(
+    data_files: str | os.PathLike | Iterable[str | os.PathLike],
+    config: Any = None,
+    *,
+    known_agents: Collection[str] | None = None,
+    task_source_map: Mapping[str, str] | None = None,
+    default_agent: str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    check_only: bool = False,
+) -> Any:
+    """:func:`load_gym_jsonl` with the settings of verl's ``data`` config (its ``nemo_gym`` section) unless given:
+    what ``GymJsonlDataset`` loads. ``check_only``: :func:`check_gym_jsonl` instead (the trainer's entry point, before
+    anything starts: a bad row costs a second, not a start-up, and verl's later load is a cache hit)."""
+    section = _config_section(config)
+    known = known_agents if known_agents is not None else section.get("known_agents")
+    return (check_gym_jsonl if check_only else load_gym_jsonl)(
+        data_files,
+        known_agents=set(known) if known is not None else None,
+        task_source_map=task_source_map or section.get("task_source_map"),
+        default_agent=default_agent or section.get("default_agent"),
+        cache_dir=cache_dir or section.get("cache_dir"),
+    )
+
+
 def _make_dataset_class() -> type:
     """Build ``GymJsonlDataset``; torch is imported here, not at module import (it takes seconds)."""
     import torch
@@ -270,23 +329,19 @@ def _make_dataset_class() -> type:
             default_agent: str | None = None,
             cache_dir: str | os.PathLike | None = None,
         ) -> None:
-            section = _config_section(config)
-            known = known_agents if known_agents is not None else section.get("known_agents")
             self.tokenizer = tokenizer  # unused: Gym/vLLM render and tokenize the prompt
             self.processor = processor
             self.config = config
             self.data_files = _as_path_list(data_files)
-            self.rows: GymRows = _select(
-                load_gym_jsonl(
-                    self.data_files,
-                    known_agents=set(known) if known is not None else None,
-                    task_source_map=task_source_map or section.get("task_source_map"),
-                    default_agent=default_agent or section.get("default_agent"),
-                    cache_dir=cache_dir or section.get("cache_dir"),
-                ),
-                max_samples,
+            loaded = load_for_config(
+                self.data_files,
                 config,
+                known_agents=known_agents,
+                task_source_map=task_source_map,
+                default_agent=default_agent,
+                cache_dir=cache_dir,
             )
+            self.rows: GymRows = _select(loaded, max_samples, config)
 
         def __len__(self) -> int:
             return len(self.rows)

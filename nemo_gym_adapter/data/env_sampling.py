@@ -12,6 +12,14 @@ weight 0 is never sampled.
 :class:`EnvWeightedSampler` is a plain iterable of row indices in batch-sized runs (what
 ``torch.utils.data.DataLoader(sampler=..., batch_size=B, drop_last=True)`` needs); one epoch is
 ``ceil(len(dataset) / B)`` batches. Errors name ``nemo_gym.env_weights.<env>``.
+
+Resume: the order of epoch ``e`` is a pure function of ``(seed, e)``, so the sampler's state is where the pass in
+progress stands -- ``{epoch, yielded, seed}`` (:meth:`EnvWeightedSampler.state_dict`) -- which verl's
+``StatefulDataLoader`` saves in each checkpoint's ``data.pt`` and a relaunch loads into a fresh sampler
+(:meth:`EnvWeightedSampler.load_state_dict`): the next pass regenerates that epoch's order and skips what was already
+drawn. Without it ``StatefulDataLoader`` fast-forwards a fresh sampler by the rows drawn in the current pass, i.e.
+through epoch 0's order: a relaunch from a checkpoint taken after the first epoch drew other rows than the run it
+continues.
 """
 
 from __future__ import annotations
@@ -94,18 +102,45 @@ class EnvWeightedSampler:
         self.batch_size = batch_size
         self.num_batches = max(1, math.ceil(len(codes) / batch_size))
         self.seed = 0 if seed is None else int(seed)
-        self.epoch = 0
+        self.epoch = 0  # the epoch the next pass draws
+        self._position = (0, 0)  # (epoch being drawn, rows of it handed out): state_dict()
+        self._resume: tuple[int, int] | None = None  # load_state_dict(): where the next pass starts
 
     def __len__(self) -> int:
         return self.num_batches * self.batch_size
 
+    def state_dict(self) -> dict[str, int]:
+        """Where the pass in progress stands: its epoch and how many of its rows were handed out (torchdata's
+        ``Stateful``: ``StatefulDataLoader`` saves it in each checkpoint's ``data.pt``)."""
+        epoch, yielded = self._position
+        return {"epoch": epoch, "yielded": yielded, "seed": self.seed}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Resume: the next pass continues epoch ``state["epoch"]`` after its first ``state["yielded"]`` rows."""
+        if int(state.get("seed", self.seed)) != self.seed:
+            raise AdapterConfigError(
+                f"data.seed={self.seed}: the checkpoint's environment-weighted sampler was seeded {state['seed']}; "
+                "resume with the seed it was saved with (or trainer.resume_mode=disable to start over)"
+            )
+        self._resume = (int(state["epoch"]), int(state["yielded"]))
+
     def __iter__(self) -> Iterator[int]:
-        rng = np.random.default_rng([self.seed, self.epoch])
-        self.epoch += 1
+        # A generator: nothing below runs (no epoch is taken, no resume point used) until the first row is drawn, so
+        # the extra iter() calls StatefulDataLoader makes while it builds and restores its iterators cost nothing.
+        epoch, skip = self._resume if self._resume is not None else (self.epoch, 0)
+        self._resume = None
+        self.epoch = epoch + 1
+        rng = np.random.default_rng([self.seed, epoch])
         queues: dict[str, list[int]] = {env: [] for env in self.shares}
+        drawn = 0
         for b in range(self.num_batches):
             for env, count in batch_counts(self.shares, self.batch_size, b).items():
                 for _ in range(count):
                     if not queues[env]:
                         queues[env] = rng.permutation(self.rows[env]).tolist()
-                    yield int(queues[env].pop())
+                    row = int(queues[env].pop())
+                    drawn += 1
+                    if drawn <= skip:
+                        continue
+                    self._position = (epoch, drawn)
+                    yield row

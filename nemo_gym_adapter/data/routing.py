@@ -153,11 +153,18 @@ class GymRoutes:
     value has ``type: responses_api_agents``, or ``agent_server`` without a type); a row routed by agent needs
     exactly one such server. ``task_source`` names the instance that declared the row's dataset: an agent
     itself, or a resources server whose dataset pins an ``agent:`` or that exactly one agent uses.
+    ``capture_dir``: where Gym's token-ID capture files are, for the client to retire (``gym.capture``; None: off).
     """
 
-    def __init__(self, servers_by_agent: Mapping[str, Sequence[Route]], task_sources: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        servers_by_agent: Mapping[str, Sequence[Route]],
+        task_sources: Mapping[str, str],
+        capture_dir: str | None = None,
+    ) -> None:
         self.servers_by_agent = {agent: tuple(routes) for agent, routes in servers_by_agent.items()}
         self.task_sources = dict(task_sources)
+        self.capture_dir = capture_dir
 
     @classmethod
     def from_config(

@@ -3,8 +3,8 @@ rows read back from the memory-mapped cache (:class:`GymRows`).
 
 Apart from :mod:`dataset` (reading files into the cache, verl's ``data.custom_cls``) because this is the row's own
 contract, the same whoever reads the rows: ``responses_create_params`` as Gym 0.7 accepts it (``extra='forbid'``,
-a non-empty ``input``), routing to one environment (:mod:`routing`), and every message naming ``file:line``, the JSON
-path, expected vs actual. Its source is part of the cache key (``dataset._validator_fingerprint``): changing a check
+``input`` a string or a list of message objects, empty allowed as in Gym), routing to one environment
+(:mod:`routing`), and every message naming ``file:line``, the JSON path, expected vs actual. Its source is part of the cache key (``dataset._validator_fingerprint``): changing a check
 here re-validates cached datasets.
 """
 
@@ -113,18 +113,15 @@ def _check_params(params: Any, where: str) -> None:
     if "input" not in params:
         raise DatasetError(f"{where}: {_PARAMS_KEY}.input is required (a string or a list of message items)")
     value = params["input"]
-    if isinstance(value, str):
-        if not value:
-            raise DatasetError(f"{where}: {_PARAMS_KEY}.input is an empty string")
-    elif isinstance(value, list):
-        if not value:
-            raise DatasetError(f"{where}: {_PARAMS_KEY}.input is an empty list")
+    # Empty is Gym's contract too (NeMoGymResponseCreateParamsNonStreaming.input: str | list, no minimum): agents that
+    # build the dialogue from other row fields (scicode_agent, toolsandbox_agent, aviary, harbor) ship `input: []`.
+    if isinstance(value, list):
         for i, item in enumerate(value):
             if not isinstance(item, Mapping):
                 raise DatasetError(
                     f"{where}: {_PARAMS_KEY}.input[{i}] must be an object, got {type(item).__name__} {item!r:.60}"
                 )
-    else:
+    elif not isinstance(value, str):
         raise DatasetError(f"{where}: {_PARAMS_KEY}.input must be a string or a list, got {type(value).__name__}")
 
 

@@ -53,13 +53,14 @@ _HASH_CHUNK = 1 << 20
 
 
 def default_cache_root() -> Path:
-    """``$HF_DATASETS_CACHE`` (read at call time), else ``datasets``' default (``~/.cache/huggingface/datasets``)."""
+    """``$HF_DATASETS_CACHE`` (read at call time), else ``datasets``' default, ``$HF_HOME/datasets`` with ``HF_HOME``
+    defaulting to ``$XDG_CACHE_HOME/huggingface`` (``~/.cache/huggingface``) as ``datasets.config`` computes it:
+    importing ``datasets`` only to read it costs seconds."""
     value = os.environ.get("HF_DATASETS_CACHE")
     if value:
         return Path(value).expanduser()
-    import datasets.config
-
-    return Path(datasets.config.HF_DATASETS_CACHE)
+    hf_home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(os.path.expanduser(hf_home)) / "datasets"
 
 
 def content_hash(path: str | os.PathLike) -> str:

@@ -6,7 +6,7 @@ offline; the shipped configs reach it through ``${ngv_tiny_model:<family>}`` (``
 Each family keeps the token-level traits of the real one that the token-ID splice must survive (``tiny_models``); the
 chat templates and tokenizer corpus are in ``templates``.
 
-CLI: ``python -m nemo_gym_adapter.demo_models.tiny_models [--family all|qwen25|qwen3|llama3] [--root DIR]``.
+CLI: ``python -m nemo_gym_adapter.demo_models [--family all|qwen25|qwen3|llama3] [--root DIR]``.
 """
 
 from nemo_gym_adapter.demo_models.tiny_models import FAMILIES, build_tiny_model

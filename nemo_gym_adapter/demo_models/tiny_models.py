@@ -21,7 +21,7 @@ Builds are deterministic (fixed seeds, no timestamps: same bytes every time), id
 directory carries a stamp with ``BUILDER_VERSION`` and is reused) and safe under concurrency (each builder
 writes a private temporary directory and publishes it with an atomic rename).
 
-CLI: ``python -m nemo_gym_adapter.demo_models.tiny_models [--family all|qwen25|qwen3|llama3] [--root DIR]``.
+CLI: ``python -m nemo_gym_adapter.demo_models [--family all|qwen25|qwen3|llama3] [--root DIR]``.
 """
 
 from __future__ import annotations

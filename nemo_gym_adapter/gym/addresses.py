@@ -197,20 +197,40 @@ def choose_gym_host(
     return HostChoice(LOOPBACK, why)
 
 
+def _norm_url(url: Any) -> str:
+    url = str(url).strip().rstrip("/")
+    url = url if "://" in url else f"http://{url}"
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def _urls(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(u) for u in value] if isinstance(value, list) else []
+
+
+def policy_urls(config: Mapping[str, Any]) -> list[str]:
+    """Where a running Gym (its resolved global config) sends policy calls: ``policy_base_url`` (one string, as Gym's
+    CLI and :mod:`~nemo_gym_adapter.gym.launch` set it, or a list) and every URL of each model server whose
+    ``base_url`` includes it (given several replicas, the policy's model servers get the whole list), in order."""
+    policy = _urls(config.get("policy_base_url"))
+    out = dict.fromkeys(map(_norm_url, policy))
+    for block in config.values():
+        models = block.get("responses_api_models") if isinstance(block, Mapping) else None
+        for server in models.values() if isinstance(models, Mapping) else ():
+            urls = [_norm_url(u) for u in _urls(server.get("base_url") if isinstance(server, Mapping) else None)]
+            if any(u in out for u in urls):
+                out.update(dict.fromkeys(urls))
+    return list(out)
+
+
 def check_policy_urls(configured: Any, replica_urls: Sequence[str], head_url: str) -> None:
     """An attached Gym must send its model calls to this trainer's replicas, all of them and nothing else.
 
-    ``configured``: the attached Gym's ``policy_base_url`` (a URL or a list). Raises ``GymServerError`` naming both
-    lists and the fix otherwise (a Gym calling other servers would train on another model's rollouts).
+    ``configured``: the URLs the attached Gym calls for the policy (:func:`policy_urls`; a URL or a list). Raises
+    ``GymServerError`` naming both lists and the fix otherwise (a Gym calling other servers would train on another
+    model's rollouts).
     """
-
-    def norm(url: str) -> str:
-        url = str(url).strip().rstrip("/")
-        url = url if "://" in url else f"http://{url}"
-        return url if url.endswith("/v1") else f"{url}/v1"
-
-    got = [configured] if isinstance(configured, str) else list(configured or [])
-    if sorted(map(norm, got)) != sorted(map(norm, replica_urls)):
+    got = _urls(configured)
+    if sorted(map(_norm_url, got)) != sorted(map(_norm_url, replica_urls)):
         raise GymServerError(
             f"the Gym at {head_url} sends model calls to policy_base_url={got}, but this trainer's vLLM replicas are "
             f"{list(replica_urls)}; start that Gym with +policy_base_url=[{','.join(replica_urls)}]"

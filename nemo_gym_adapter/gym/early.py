@@ -5,14 +5,17 @@
 Both recipe task runners wrap their start-up in :func:`early_gym_servers`; the rollout manager created later in the
 same process claims each server from its slot (``ray_head.claim_early_head``, ``warm.claim_early_warm``) and stops it
 at shutdown. This module is the only one that knows about both, so neither of the two imports the other's start-up.
+Before either starts, a watchdog (:mod:`nemo_gym_adapter.reaper`) is set on the run dir their pid records go to.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from nemo_gym_adapter import reaper
 from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.gym import ray_head, warm
 from nemo_gym_adapter.gym.ray_head import GymRayHead
@@ -23,9 +26,14 @@ def early_gym_servers(config: Any) -> Iterator[GymRayHead | None]:
     """Start Gym's Ray head now, if the trainer config (verl's, with our ``nemo_gym:`` section) wants one, for the
     rollout manager created later in this process to claim (``ray_head.claim_early_head``), and, with
     ``nemo_gym.warm_launcher``, a warm Gym launcher next to it (``warm.claim_early_warm``). On exit what nobody
-    claimed (start-up failed before the manager existed) is stopped; what was claimed is the manager's to stop."""
+    claimed (start-up failed before the manager existed) is stopped; what was claimed is the manager's to stop.
+
+    First, for a Gym we start with a run dir: a watchdog that stops whatever the run dir's pid records name once
+    this process is gone, however it died (``reaper.start_watchdog``)."""
     gym = load_config(config, check_files=False).gym
     head = launcher = None
+    if gym.head_url is None and gym.run_dir:  # before anything is recorded there (reaper module docstring)
+        reaper.start_watchdog(Path(gym.run_dir))
     if ray_head.wants_head(gym):
         head = ray_head.start_head_for(gym)
         ray_head.EARLY.park(head)

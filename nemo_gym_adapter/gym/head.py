@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.errors import GymServerError
+from nemo_gym_adapter.gym.capture import capture_dir
 from nemo_gym_adapter.gym.launch import API_KEY_REF
 
 logger = logging.getLogger(__name__)
@@ -100,10 +101,14 @@ class GymHead:
             raise GymServerError(f"Gym has no server instance {name!r} (head {self.head_url})") from e
 
     def routes(self) -> GymRoutes:
-        """This Gym's agent → environment-server routes (:class:`routing.GymRoutes`: one routing rule for both)."""
+        """This Gym's agent → environment-server routes (:class:`routing.GymRoutes`: one routing rule for both) and
+        its token-ID capture directory; ``AdapterConfigError`` when its capture mode cannot work (``gym.capture``)."""
         instances = [inst.model_dump() for inst in self.server_instances().values()]
         head_host = urllib.parse.urlsplit(self.head_url).hostname or "127.0.0.1"
-        return GymRoutes.from_config(self.global_config(), instances, head_host=head_host)
+        config = self.global_config()
+        routes = GymRoutes.from_config(config, instances, head_host=head_host)
+        routes.capture_dir = capture_dir(config)
+        return routes
 
     def environment_servers_by_agent(self) -> dict[str, list[str]]:
         """Agent instance name -> the environment servers fronting it (Gym's collector routes through these)."""

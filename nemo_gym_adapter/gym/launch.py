@@ -2,7 +2,9 @@
 and environment. Pure apart from reading the file system; :mod:`nemo_gym_adapter.gym.servers` runs it.
 
 Everything we set on Gym goes into one config file (``<run_dir>/ngv_launch.yaml``, :func:`launch_config`) merged
-after the user's Gym configs: the policy (our vLLM replicas), the head server, log and venv directories, timeouts.
+after the user's Gym configs: the policy (our vLLM replicas: ``policy_base_url`` one string as Gym's CLI sets it, the
+replica list only to the model servers that call the policy, :func:`policy_url_config`), the head server, log and venv
+directories, timeouts, the port band of its servers (:mod:`~nemo_gym_adapter.gym.ports`).
 The policy API key never appears in it, in argv or in a file: the file says ``${oc.env:NGV_GYM_POLICY_API_KEY}``
 and the key reaches Gym through its environment (:func:`launch_env`). Gym config paths relative to the trainer's
 cwd become absolute (Gym runs in ``run_dir``); Gym-relative ones stay, for Gym to resolve (:func:`resolve_config_paths`).
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.gym.ports import safe_port_range
 
 TRAINING_MODEL_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 API_KEY_ENV = "NGV_GYM_POLICY_API_KEY"  # the key reaches Gym via ${oc.env:...}, never argv or a file
@@ -41,7 +44,10 @@ class GymLaunchSpec(BaseModel):
     policy_api_key: SecretStr = SecretStr("EMPTY")
     host: str = Field("127.0.0.1", description="Gym's default_host and head host; a node IP when multi-node")
     head_port: int | None = Field(None, ge=1, le=65535, description="None: a free port")
-    port_range: tuple[int, int] | None = Field(None, description="Gym's port_range_low/high for its servers")
+    port_range: tuple[int, int] | None = Field(
+        None, description="Gym's port_range_low/high for its servers; None: ports.safe_port_range()"
+    )
+    port_retries: int = Field(2, ge=0, description="relaunches with new ports when a server loses its port")
     ray_head_node_address: str | None = Field(None, description="a Ray cluster started with Gym's Python version")
     ray_auth_token: SecretStr | None = Field(None, description="that cluster's token (ray_head.GymRayHead), env only")
     gym_venv: Path = Field(default_factory=paths.gym_venv)
@@ -114,10 +120,73 @@ def resolve_config_paths(spec: GymLaunchSpec, cwd: Path | None = None) -> list[s
     return out
 
 
-def launch_config(spec: GymLaunchSpec, head_port: int, run_dir: Path) -> dict[str, Any]:
-    """Everything we set on Gym, as one config file merged after the user's configs (CLI overrides still win)."""
+POLICY_URL_REF = "${policy_base_url}"
+
+
+def config_files(spec: GymLaunchSpec, config_paths: list[str]) -> list[Path]:
+    """The Gym configs of ``config_paths`` (:func:`resolve_config_paths`' output) as files: absolute ones as they
+    are, Gym-relative ones under the first root holding them (``NEMO_GYM_EXTRA_ROOTS``, then Gym's package root)."""
+    roots = [Path(r) for r in spec.env.get("NEMO_GYM_EXTRA_ROOTS", "").split(os.pathsep) if r]
+    roots.append(gym_package_root(spec.gym_venv))
+    out = []
+    for entry in config_paths:
+        p = Path(entry)
+        out.append(p if p.is_absolute() else next((r / p for r in roots if (r / p).is_file()), roots[-1] / p))
+    return out
+
+
+def policy_model_servers(files: list[Path], extra: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """``(instance, impl)`` of every model server whose ``base_url`` is exactly ``${policy_base_url}`` in these Gym
+    config files, the configs they include (``config_paths``, Gym-relative ones against the including file's Gym
+    root) and ``extra`` (the spec's ``config_overrides``): the servers that call the policy and take a replica list."""
+    import yaml
+
+    found: list[tuple[str, str]] = []
+    seen: set[Path] = set()
+    todo: list[Path | dict[str, Any]] = [*files, *([extra] if extra else [])]
+    while todo:
+        item = todo.pop(0)
+        if isinstance(item, Path):
+            if item in seen or not item.is_file():
+                continue
+            seen.add(item)
+            data = yaml.safe_load(item.read_text()) or {}
+            root = item.parent
+            while root.parent != root and not (root / "responses_api_models").is_dir():
+                root = root.parent  # Gym's package root (or a root laid out like it)
+            todo += [Path(p) if Path(p).is_absolute() else root / p for p in data.get("config_paths") or []]
+        else:
+            data = item
+        for name, block in data.items() if isinstance(data, dict) else ():
+            models = block.get("responses_api_models") if isinstance(block, dict) else None
+            for impl, body in models.items() if isinstance(models, dict) else ():
+                if isinstance(body, dict) and str(body.get("base_url", "")).strip() == POLICY_URL_REF:
+                    found.append((str(name), str(impl)))
+    return list(dict.fromkeys(found))
+
+
+def policy_url_config(urls: list[str], servers: list[tuple[str, str]]) -> dict[str, Any]:
+    """``policy_base_url`` as Gym's own CLI sets it (``gym env start --model-url``): one string, which any config may
+    interpolate, also into string fields (a judge or helper that uses the policy: ``verifif.judge_base_url``,
+    ``speed_bench.vllm_base_url``; a list there fails Gym's validation at start). With several replicas the string is
+    the first one, and each model server in ``servers`` (:func:`policy_model_servers`) gets the whole list
+    (``vllm_model.base_url`` is ``Union[str, List[str]]``: one session pinned per replica)."""
+    cfg: dict[str, Any] = {"policy_base_url": urls[0]}
+    if len(urls) > 1:
+        for name, impl in servers:
+            cfg[name] = {"responses_api_models": {impl: {"base_url": list(urls)}}}
+    return cfg
+
+
+def launch_config(
+    spec: GymLaunchSpec, head_port: int, run_dir: Path, files: list[Path] | None = None
+) -> dict[str, Any]:
+    """Everything we set on Gym, as one config file merged after the user's configs (CLI overrides still win).
+    ``files``: the user's Gym configs as files (:func:`config_files`), read for the policy's model servers."""
+    servers = policy_model_servers(files or [], spec.config_overrides) if len(spec.policy_base_url) > 1 else []
+    urls = policy_url_config(list(spec.policy_base_url), servers)
     cfg: dict[str, Any] = {
-        "policy_base_url": list(spec.policy_base_url),
+        "policy_base_url": urls.pop("policy_base_url"),
         "policy_api_key": API_KEY_REF,
         "policy_model_name": spec.policy_model_name,
         "default_host": spec.host,
@@ -131,9 +200,10 @@ def launch_config(spec: GymLaunchSpec, head_port: int, run_dir: Path) -> dict[st
         cfg.update(uv_venv_dir=str(spec.server_venvs_dir), skip_venv_if_present=True)
     if spec.ray_head_node_address:
         cfg["ray_head_node_address"] = spec.ray_head_node_address
-    if spec.port_range:
-        cfg.update(port_range_low=spec.port_range[0], port_range_high=spec.port_range[1])
-    return _deep_merge(cfg, spec.config_overrides)
+    # Always set: Gym's default band is the one Ray hands its workers' ports from (ports module docstring).
+    low, high = spec.port_range or safe_port_range()
+    cfg.update(port_range_low=low, port_range_high=high)
+    return _deep_merge(_deep_merge(cfg, spec.config_overrides), urls)  # the list wins over an override's reference
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

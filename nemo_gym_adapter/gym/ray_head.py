@@ -12,7 +12,8 @@ The head process:
 - has a ``--temp-dir`` of its own: ``ray start`` records its address in ``<temp dir>/ray_current_cluster``, where
   every plain ``ray.init()`` on the machine would find and join it (or hang on it once it is gone); removed on stop;
 - no dashboard; free ports for the GCS, the Ray client server and the dashboard agent (Ray's fixed defaults
-  6379/10001/52365 collide between two heads on one machine);
+  6379/10001/52365 collide between two heads on one machine); its workers' ports ephemeral, never Ray's CLI band
+  that Gym's servers would otherwise share (:mod:`~nemo_gym_adapter.gym.ports`);
 - token auth with a token of its own, passed through the environment only (``RAY_AUTH_MODE=token``,
   ``RAY_AUTH_TOKEN``; Gym gets it via ``GymLaunchSpec.ray_auth_token``). Gym's processes always run on the
   launcher's host and connect through 127.0.0.1, but Ray 2.60 binds its gRPC ports on every interface whatever
@@ -23,7 +24,8 @@ The head process:
 - is a ``procs.SessionProcess``: :meth:`GymRayHead.stop` stops the tree, then sweeps its session (Ray's agents are
   re-parented to init and ignore SIGTERM); registered with ``procs``, so atexit/SIGTERM stop it too; and, when it
   has a run directory, ``<run_dir>/gym_ray.pid`` (:data:`PID_FILE`) names its session until it stops, for the
-  driver's sweep (``recipe.nemo_gym.main.sweep_gym``) if the process that started it is killed outright.
+  sweeps of :mod:`nemo_gym_adapter.reaper` (the trainer's watchdog, the driver) if the process that started it is
+  killed outright.
 
 In the trainer (:func:`nemo_gym_adapter.gym.early.early_gym_servers`): both recipe task runners start the head before ``init_workers``/``init``,
 in the TaskRunner actor that later creates the rollout manager, and park it in :data:`EARLY` (a process-wide handle);
@@ -58,8 +60,8 @@ from nemo_gym_adapter.procs import (
     free_port,
     log_tail,
     session_members,
-    write_pid_record,
 )
+from nemo_gym_adapter.reaper import write_pid_record
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,10 @@ def head_command(gym_venv: Path, port: int, client_port: int | None, agent_port:
         f"--dashboard-agent-listen-port={agent_port}",
         "--disable-usage-stats",
         f"--temp-dir={temp_dir}",
+        # Ray's CLI default hands workers and drivers ports of 10002-19999, Gym's servers' default band (gym.ports);
+        # 0 = ephemeral ports, what `ray.init()` of a local cluster does (ray/_private/services.py:1852)
+        "--min-worker-port=0",
+        "--max-worker-port=0",
     ]
     if client_port is not None:  # Ray refuses the option when its client server cannot run (no grpc)
         cmd.append(f"--ray-client-server-port={client_port}")

@@ -13,7 +13,8 @@ for the head's flag, which Gym's launcher sets after its own fixed 3 s polling r
         gym.head_url, gym.global_config(), gym.server_instances(), gym.run_url("my_agent")
 
 Lifecycle (STYLE.md §8): the launcher runs in its own session with its log under ``run_dir``; Gym's per-server logs
-go to ``run_dir/servers/<name>.log``. Teardown (context exit, exception, ``stop()``, SIGTERM/atexit via
+go to ``run_dir/servers/<name>.log``; ``run_dir/gym.pid`` (:data:`PID_FILE`, a ``reaper`` record) names that session
+from the launch until :meth:`GymServers.stop`, for a sweep should the process that started Gym be killed outright. Teardown (context exit, exception, ``stop()``, SIGTERM/atexit via
 ``procs.stop_all``) stops the pid tree, then sweeps the launcher's *session*: Ray's agents are re-parented to init
 when the raylet dies and ignore SIGTERM, but they keep the session id, so they are found by it, never by name.
 ``attach`` mode owns nothing and never stops anything. Given a Ray head started earlier (``start(spec, ray_head=)``,
@@ -39,18 +40,29 @@ from nemo_gym_adapter.gym.head import GymHead, GymServerInstance, answers, http_
 from nemo_gym_adapter.gym.launch import (
     TRAINING_MODEL_CONFIG,
     GymLaunchSpec,
+    config_files,
     launch_command,
     launch_config,
     launch_env,
     resolve_config_paths,
 )
+from nemo_gym_adapter.gym.ports import (
+    BIND_FAILED_MARKER,
+    HEAD_SERVER,
+    GymPortInUseError,
+    free_port_in,
+    port_collisions,
+    safe_port_range,
+)
 from nemo_gym_adapter.gym.ray_head import GymRayHead
 from nemo_gym_adapter.gym.warm import WarmLauncher
-from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, free_port, log_tail, session_members
+from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, log_tail, session_members
+from nemo_gym_adapter.reaper import write_pid_record
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
 
 logger = logging.getLogger(__name__)
+PID_FILE = "gym.pid"  # in a launch's run dir from its launch until it is stopped (reaper; the manager rewrites it)
 _CRASHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
 
 
@@ -68,6 +80,7 @@ class GymServers(GymHead):
         self.ray_head: GymRayHead | None = None  # the Ray head Gym joined (start(ray_head=)); used, not owned
         self.ray_wait_seconds = 0.0  # of startup_seconds: waiting for that head
         self.warm = False  # launched by a warm launcher (start(warm=)), not cold
+        self._record: Path | None = None  # the launch's pid record (PID_FILE in its run dir) until stop()
 
     @classmethod
     def start(
@@ -81,10 +94,47 @@ class GymServers(GymHead):
         With ``warm`` (:class:`warm.WarmLauncher`), that process runs the launch (its imports already done) and
         becomes Gym's launcher, owned like a cold one; if it cannot, the launch is cold (it logs why).
 
+        A server (or the head server) that loses its port to another process between Gym's probe and its bind is
+        relaunched with new ports, with a warning naming the server and the port, up to ``spec.port_retries`` times
+        (:mod:`~nemo_gym_adapter.gym.ports`); each retry logs under ``<run_dir>/port_retry<n>`` and launches cold (a
+        warm launcher serves one launch); a lost head port is retried only when ``spec.head_port`` was not pinned.
+        ``run_dir`` stays the first attempt's (pid records, restarts).
+
         Raises ``AdapterConfigError`` for a bad spec (before starting anything) and ``GymServerError`` naming the
-        server that is not ready (or the Ray head), with its log tail, on timeout or crash; everything started is
-        stopped first.
+        server that is not ready (or the Ray head), with its log tail, on timeout or crash
+        (``ports.GymPortInUseError`` once the retries are spent); everything started is stopped first.
         """
+        pinned_head = spec.head_port is not None
+        first_run_dir: Path | None = None  # the first attempt's (its default name is only known once it ran)
+        for attempt in range(spec.port_retries + 1):
+            try:
+                gym = cls._start_once(spec, ray_head, warm)
+            except GymPortInUseError as e:
+                if attempt == spec.port_retries or (e.server == HEAD_SERVER and pinned_head):
+                    raise
+                first_run_dir = first_run_dir or e.run_dir
+                retry_dir = first_run_dir / f"port_retry{attempt + 1}" if first_run_dir is not None else None
+                logger.warning(
+                    "NeMo Gym: %s lost port %d to another process (address already in use); relaunching Gym with new "
+                    "ports (retry %d of nemo_gym.port_retries=%d, logs in %s)",
+                    e.server,
+                    e.port,
+                    attempt + 1,
+                    spec.port_retries,
+                    retry_dir,
+                )
+                spec, warm = spec.model_copy(update={"run_dir": retry_dir}), None
+                continue
+            if first_run_dir is not None:
+                gym.run_dir = first_run_dir
+            return gym
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    @classmethod
+    def _start_once(
+        cls, spec: GymLaunchSpec, ray_head: GymRayHead | None = None, warm: WarmLauncher | None = None
+    ) -> GymServers:
+        """One launch of :meth:`start` (no retry)."""
         config_paths = resolve_config_paths(spec)
         python = spec.gym_venv / "bin" / "python"
         if not python.exists():
@@ -94,18 +144,23 @@ class GymServers(GymHead):
             address = ray_head.wait_ready(spec.startup_timeout_s)
             spec = spec.model_copy(update={"ray_head_node_address": address, "ray_auth_token": ray_head.auth_token})
         ray_wait_s = time.monotonic() - t0
-        head_port = spec.head_port or free_port(spec.host if spec.host != "0.0.0.0" else "127.0.0.1")
+        probe_host = spec.host if spec.host != "0.0.0.0" else "127.0.0.1"
+        head_port = spec.head_port or free_port_in(probe_host, *(spec.port_range or safe_port_range()))
         run_dir = spec.run_dir or paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{head_port}"
         run_dir.mkdir(parents=True, exist_ok=True)
         launch_yaml = run_dir / "ngv_launch.yaml"
-        launch_yaml.write_text(json.dumps(launch_config(spec, head_port, run_dir), indent=1))  # JSON is YAML
+        cfg = launch_config(spec, head_port, run_dir, config_files(spec, config_paths))
+        launch_yaml.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
         cmd, env = launch_command(spec, config_paths, launch_yaml), launch_env(spec)
         launcher = warm.launch(cmd, env, run_dir, run_dir / "gym.log") if warm is not None else None
         warm_used = launcher is not None
         if launcher is None:
             launcher = SessionProcess("NeMo Gym launcher", cmd, run_dir / "gym.log", env=env, cwd=run_dir)
         launcher.stop_timeout_s = spec.stop_timeout_s
+        # From the launch on, not only once Gym is ready: the launcher leads the session every Gym server joins.
+        write_pid_record(run_dir / PID_FILE, [launcher.pid])
         gym = cls(f"http://{_connect_host(spec.host)}:{head_port}", launcher=launcher, run_dir=run_dir)
+        gym._record = run_dir / PID_FILE
         gym.ray_head, gym.ray_wait_seconds, gym.warm = ray_head, ray_wait_s, warm_used
         try:
             gym._wait_ready(t0 + spec.startup_timeout_s, spec)
@@ -140,7 +195,7 @@ class GymServers(GymHead):
             head.restart()
         new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}), ray_head=head)
         # run_dir stays the first one (pid file, sweep); the new launcher logs under restart<n>/.
-        self._launcher, self.spec, self._config = new._launcher, new.spec, None
+        self._launcher, self.spec, self._config, self._record = new._launcher, new.spec, None, new._record
         self.head_url, self.startup_seconds = new.head_url, new.startup_seconds
         self.ray_wait_seconds, self.warm = new.ray_wait_seconds, new.warm
         logger.warning(
@@ -191,6 +246,8 @@ class GymServers(GymHead):
         """Stop everything we started (idempotent); a no-op for an attached Gym."""
         if self._launcher is not None:
             self._launcher.stop()
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
 
     def __enter__(self) -> GymServers:
         return self
@@ -205,6 +262,16 @@ class GymServers(GymHead):
         assert launcher is not None  # only start() waits
         log = LogWatch(launcher.log_path, _READY_MARKERS)
         while True:
+            lost = port_collisions(launcher.tail(400))
+            if lost:  # Gym stops everything within a polling round anyway (or, for the head, waits forever)
+                server, port = lost[0]
+                raise GymPortInUseError(
+                    f"NeMo Gym ({self.head_url}): {server} could not bind port {port}: address already in use\n"
+                    f"--- last lines of {launcher.log_path} ---\n{launcher.tail(20)}",
+                    server=server,
+                    port=port,
+                    run_dir=self.run_dir,
+                )
             if not launcher.alive():
                 raise _start_failure(
                     self, launcher, f"exited with code {launcher.popen.returncode} before becoming ready"
@@ -250,7 +317,8 @@ _FALLBACK_PROBE_S = 1.0
 # What Gym's launcher log says when something became reachable: uvicorn binding (head and every server, whose
 # output Gym copies into the launcher's stdout) and Gym's own "All N / N servers ready!". Our own probes make the
 # head log access lines, which must not count as events, so only these do.
-_READY_MARKERS = (b"Uvicorn running on", b"servers ready")
+# A server's failed bind wakes it too (ports.port_collisions).
+_READY_MARKERS = (b"Uvicorn running on", b"servers ready", BIND_FAILED_MARKER)
 
 
 def model_endpoints(config: dict[str, Any]) -> list[str]:

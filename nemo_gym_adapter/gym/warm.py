@@ -53,8 +53,8 @@ from nemo_gym_adapter.procs import (
     alive,
     log_tail,
     session_members,
-    write_pid_record,
 )
+from nemo_gym_adapter.reaper import write_pid_record
 
 if TYPE_CHECKING:
     from nemo_gym_adapter.gym.ray_head import GymRayHead

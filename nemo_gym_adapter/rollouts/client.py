@@ -11,6 +11,10 @@ becomes a :class:`RolloutFailure` record and the batch goes on. Every input row 
 :class:`RolloutOutcome`, handed to the caller's ``on_outcome`` hook as soon as it exists (completion order) and
 returned with the others in input order. A hook that raises fails the whole call: the rows still in flight are
 cancelled and awaited (no orphan tasks), then the hook's exception propagates.
+
+Every send carries a fresh ``_ng_rollout_id`` (Gym keys token-ID capture and prefix supply by it; a row's own is
+replaced), and a row's Gym capture files are removed once its outcome was handed on
+(:mod:`~nemo_gym_adapter.gym.capture`).
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ except ImportError:  # pragma: no cover - optional speed-up, same results
 
 from nemo_gym_adapter.data.routing import GymRoutes, Route, Unroutable
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.gym import capture
 from nemo_gym_adapter.gym.liveness import SERVER_DOWN as SERVER_DOWN  # a reason too: a server the row needs is dead
 from nemo_gym_adapter.gym.liveness import StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.progress import RolloutProgress
+from nemo_gym_adapter.rollouts.gym_errors import GymErrorOrigin, gym_error_origin
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +70,7 @@ class RolloutFailure:
     reason: str
     detail: str
     status: int | None = None
+    origin: GymErrorOrigin | None = None  # for a 5xx: where Gym's error chain started (rollouts.gym_errors)
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,8 @@ class RolloutOutcome:
 
     ``index`` is the row's position in the batch; ``agent`` the agent it routed to (None if unroutable);
     ``server`` the environment server that served ``/run``; ``latency_s`` the wall time from the first send to the
-    last byte (0 for rows never sent); ``attempts`` how many times it was sent (>1 only after connection errors).
+    last byte (0 for rows never sent); ``attempts`` how many times it was sent (>1 only after connection errors);
+    ``rollout_ids`` the ``_ng_rollout_id`` of each send (the last one is what Gym answered, if it did).
     """
 
     index: int
@@ -82,6 +90,7 @@ class RolloutOutcome:
     attempts: int
     result: dict[str, Any] | None = None
     failure: RolloutFailure | None = None
+    rollout_ids: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -207,10 +216,13 @@ class RolloutClient:
         async def one(index: int, row: Mapping[str, Any], progress: RolloutProgress) -> RolloutOutcome:
             outcome = await self._run_one(session, slots, index, row, overrides, guard)
             progress.update(outcome)
-            if on_outcome is not None:
-                done = on_outcome(outcome)
-                if inspect.isawaitable(done):
-                    await done
+            try:
+                if on_outcome is not None:
+                    done = on_outcome(outcome)
+                    if inspect.isawaitable(done):
+                        await done
+            finally:
+                capture.retire(self.routes.capture_dir, outcome.rollout_ids)
             return outcome
 
         with RolloutProgress(len(rows), self.config.progress, desc) as progress:
@@ -241,8 +253,11 @@ class RolloutClient:
             failure = RolloutFailure(resolved.reason, resolved.detail)
             return RolloutOutcome(index, None, None, 0.0, 0, failure=failure)
         agent, route = resolved
+        rollout_ids = [capture.new_rollout_id()]
         try:
-            payload = _dumps(apply_overrides(row, agent, overrides))
+            body = apply_overrides(row, agent, overrides)
+            body[capture.ROLLOUT_ID_KEY] = rollout_ids[0]
+            payload = _dumps(body)
         except (TypeError, ValueError) as e:
             failure = RolloutFailure(CLIENT_ERROR, f"row {index} for agent {agent!r} is not JSON-serialisable: {e}")
             return RolloutOutcome(index, agent, route.server, 0.0, 0, failure=failure)
@@ -255,7 +270,7 @@ class RolloutClient:
             t0 = time.monotonic()
             try:
                 on_error = guard.suspect if guard is not None else None
-                work = post_with_retries(session, route, index, payload, attempts, self.config, on_error)
+                work = post_with_retries(session, route, index, payload, attempts, self.config, on_error, rollout_ids)
                 result = await _within(guard.run(agent, work) if guard is not None else work, self.config.timeout_s)
                 if isinstance(result, str):
                     result = RolloutFailure(SERVER_DOWN, f"row {index} ({route.server}) cut: {result}")
@@ -272,9 +287,10 @@ class RolloutClient:
             except aiohttp.ClientError as e:  # anything aiohttp raises that is neither transport nor timeout
                 result = RolloutFailure(CLIENT_ERROR, f"row {index}: {route.server} ({route.run_url}): {e!r}")
             latency = time.monotonic() - t0
+        ids = tuple(rollout_ids)
         if isinstance(result, RolloutFailure):
-            return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result)
-        return RolloutOutcome(index, agent, route.server, latency, attempts[0], result=result)
+            return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result, rollout_ids=ids)
+        return RolloutOutcome(index, agent, route.server, latency, attempts[0], result=result, rollout_ids=ids)
 
 
 async def _within(work: Awaitable[Any], timeout_s: float) -> Any:
@@ -316,11 +332,14 @@ async def post_with_retries(
     attempts: list[int],
     config: RolloutClientConfig,
     on_connection_error: Callable[[], None] | None = None,
+    rollout_ids: list[str] | None = None,
 ) -> dict[str, Any] | RolloutFailure:
     """The one retry point: resend on connection errors only, at most ``max_connection_retries`` times.
 
     ``attempts[0]`` counts the sends (a list, so the caller still knows it when a deadline cancels this);
-    ``on_connection_error`` is told of each connection error (the liveness guard then probes at once).
+    ``on_connection_error`` is told of each connection error (the liveness guard then probes at once);
+    ``rollout_ids``: the ``_ng_rollout_id`` in ``payload``; each resend gets a new one, appended (the first send may
+    have reached Gym and begun capturing under its id).
     """
     cap = config.max_connection_retries
     while True:
@@ -347,11 +366,14 @@ async def post_with_retries(
                 index, route.server, route.run_url, attempts[0], cap, delay, e,
             )  # fmt: skip
             await asyncio.sleep(delay)
+            if rollout_ids:  # the id is a unique 36-character token: it occurs once in the payload
+                rollout_ids.append(capture.new_rollout_id())
+                payload = payload.replace(rollout_ids[-2].encode(), rollout_ids[-1].encode())
     if status >= 400:
         text = body[:_DETAIL_CHARS].decode("utf-8", errors="replace")
-        return RolloutFailure(
-            f"http_{status}", f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}", status
-        )
+        origin = gym_error_origin(body.decode("utf-8", errors="replace")) if status >= 500 else None
+        detail = f"row {index}: {route.server} ({route.run_url}) answered {status}: {text}"
+        return RolloutFailure(f"http_{status}", detail, status, origin)
     try:
         result = _loads(body)
     except ValueError as e:  # orjson.JSONDecodeError is a ValueError too

@@ -48,17 +48,26 @@ from nemo_gym_adapter.gym.liveness import Liveness, StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.rollouts.client import RolloutClient, RolloutClientConfig, RolloutOutcome
 from nemo_gym_adapter.rollouts.metrics import compute_metrics
-from nemo_gym_adapter.rollouts.trajectory import Trajectory, TrajectoryConfig, trajectory_from_outcome
+from nemo_gym_adapter.rollouts.segments import trajectories_from_outcome
+from nemo_gym_adapter.rollouts.trajectory import Trajectory, TrajectoryConfig
 
 
 @dataclass(frozen=True)
 class RowResult:
-    """One input row after Gym: its position in the step, environment, the client's outcome and the trajectory."""
+    """One input row after Gym: its position in the step, environment, the client's outcome and the trajectory.
+
+    ``segments``: under ``contiguity="split"``, a rollout whose calls do not form one history is one trajectory per
+    segment (``trajectory`` is the first); empty otherwise. ``samples`` is what training gets either way."""
 
     index: int
     env: str
     outcome: RolloutOutcome
     trajectory: Trajectory
+    segments: tuple[Trajectory, ...] = ()
+
+    @property
+    def samples(self) -> tuple[Trajectory, ...]:
+        return self.segments or (self.trajectory,)
 
 
 @dataclass(frozen=True)
@@ -138,9 +147,8 @@ class RolloutCore:
 
         async def row_done(outcome: RolloutOutcome) -> None:
             env = envs[outcome.index]
-            row = RowResult(
-                outcome.index, env, outcome, trajectory_from_outcome(outcome, env_name=env, config=self.trajectory)
-            )
+            samples = trajectories_from_outcome(outcome, env_name=env, config=self.trajectory)
+            row = RowResult(outcome.index, env, outcome, samples[0], samples if len(samples) > 1 else ())
             results[outcome.index] = row
             gc_row_done()
             if on_row is None:
@@ -176,7 +184,9 @@ class RolloutCore:
         if len(done_rows) != len(rows):  # the client yields one outcome per row; anything else is a bug
             raise AdapterError(f"run_step: {len(rows) - len(done_rows)} of {len(rows)} rows came back without a result")
         metrics = compute_metrics(
-            [row.trajectory for row in done_rows], prefix=self.metrics_prefix, success_threshold=self.success_threshold
+            [row.segments or row.trajectory for row in done_rows],
+            prefix=self.metrics_prefix,
+            success_threshold=self.success_threshold,
         )
         timings = {"rollout_s": rollout_s, "rollouts_per_s": len(rows) / rollout_s if rollout_s > 0 else 0.0}
         metrics.update({f"{self.metrics_prefix}/timing/{k}": v for k, v in timings.items()})

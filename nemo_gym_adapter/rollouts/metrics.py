@@ -14,12 +14,18 @@ replaced by ``_`` so loggers do not nest it). Definitions:
   ``contiguity_rate`` is its complement (the on-policy health number people watch).
 * ``failure_kind_rate``: share of results on which Gym named a ``failure_kind`` (masked or not).
 * ``latency_p50``/``_p95``/``_max`` (seconds, linear interpolation): samples with a known latency.
+* ``segments_mean``, ``split_rate``: training samples per rollout and the share of rollouts that became several
+  (``nemo_gym.trajectory.contiguity: split``; 1 and 0 otherwise).
+
+A *sample* here is one rollout: a rollout split into segments (a tuple of trajectories in the input) counts once,
+masked only when every segment is, with its turns, generated tokens and truncation summed over its unmasked segments.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -38,10 +44,17 @@ def _is_success(reward: float, threshold: float | None) -> bool:
     return reward > 0 if threshold is None else reward >= threshold
 
 
-def _scope_metrics(trajs: Sequence[Trajectory], threshold: float | None) -> dict[str, float]:
-    n = len(trajs)
+def _scope_metrics(
+    rollouts: Sequence[Trajectory | tuple[Trajectory, ...]], threshold: float | None
+) -> dict[str, float]:
+    n = len(rollouts)
+    out: dict[str, float] = {}
+    segments = [len(t) if isinstance(t, tuple) else 1 for t in rollouts]
+    out["segments_mean"] = float(np.mean(segments))
+    out["split_rate"] = sum(k > 1 for k in segments) / n
+    trajs = [_one_rollout(t) if isinstance(t, tuple) else t for t in rollouts]
     valid = [t for t in trajs if not t.masked]
-    out: dict[str, float] = {"num_samples": float(n), "valid_rate": len(valid) / n, "masked_rate": 1 - len(valid) / n}
+    out.update({"num_samples": float(n), "valid_rate": len(valid) / n, "masked_rate": 1 - len(valid) / n})
     reasons = [t.masked_reason for t in trajs if t.masked]
     for reason in MaskReason:
         out[f"masked_rate/{reason.value}"] = reasons.count(reason) / n
@@ -65,15 +78,34 @@ def _scope_metrics(trajs: Sequence[Trajectory], threshold: float | None) -> dict
     return out
 
 
+def _one_rollout(segments: tuple[Trajectory, ...]) -> Trajectory:
+    """A split rollout as one sample (the module docstring): its first unmasked segment carrying the sums."""
+    valid = [t for t in segments if not t.masked]
+    if not valid:
+        return segments[0]
+    spans = tuple(span for t in valid for span in t.sampled_spans)  # only their lengths count here
+    return replace(
+        valid[0],
+        num_turns=sum(t.num_turns for t in valid),
+        sampled_spans=spans,
+        truncated=any(t.truncated for t in valid),
+        contiguity_failure=True,
+    )
+
+
 def compute_metrics(
-    trajectories: Sequence[Trajectory], *, prefix: str = "gym", success_threshold: float | None = None
+    trajectories: Sequence[Trajectory | tuple[Trajectory, ...]],
+    *,
+    prefix: str = "gym",
+    success_threshold: float | None = None,
 ) -> dict[str, float]:
-    """Flat metrics of one batch of trajectories (definitions in the module docstring); ``{}`` for no input."""
+    """Flat metrics of one batch of rollouts (definitions in the module docstring); ``{}`` for no input. Each item
+    is a rollout's trajectory, or the tuple of its segments' trajectories when it was split."""
     if not trajectories:
         return {}
-    by_env: dict[str, list[Trajectory]] = defaultdict(list)
+    by_env: dict[str, list[Trajectory | tuple[Trajectory, ...]]] = defaultdict(list)
     for t in trajectories:
-        by_env[scope_name(t.env_name)].append(t)
+        by_env[scope_name((t[0] if isinstance(t, tuple) else t).env_name)].append(t)
     scopes = {ALL_SCOPE: list(trajectories), **{env: by_env[env] for env in sorted(by_env)}}
     metrics: dict[str, float] = {}
     for scope, trajs in scopes.items():

@@ -61,3 +61,37 @@ def contiguous_prefix(calls: list[tuple[int, ModelCall]], where: str) -> tuple[i
             f"{len(p_cur)} tokens)"
         )
     return len(calls), ""
+
+
+def _extends(prompt: Sequence[int], prev: ModelCall) -> bool:
+    """Does ``prompt`` start with ``prev``'s prompt + generation (list slices: compared in C)?"""
+    p, g = prev.prompt_token_ids, prev.generation_token_ids
+    need = len(p) + len(g)
+    return len(prompt) >= need and prompt[: len(p)] == p and prompt[len(p) : need] == g
+
+
+def prefix_segments(calls: list[tuple[int, ModelCall]]) -> list[list[int]]:
+    """Split a rollout's model calls into prefix-consistent segments (``nemo_gym.trajectory.contiguity: split``).
+
+    Returns lists of positions into ``calls``; every call is in exactly one segment, in call order, and within a
+    segment each call's prompt starts with the previous call's prompt + generation (one contiguous history). A call
+    joins the open segment whose *last* call it extends (the longest such one when several do); otherwise it starts
+    a new segment, whose prompt then holds the tokens it shares with earlier calls (their generations included) as
+    prompt, mask 0. So every generated token is trained in exactly one segment, and no token the model did not
+    generate is ever trained. A call that extends an *earlier* call of a segment (a branch: a reflection or a
+    compaction that resumed from an older state) starts its own segment rather than re-training the shared part.
+    Cost: one prefix comparison per open segment per call (segments are few: one per context rewrite).
+    """
+    segments: list[list[int]] = []
+    for k, (_, call) in enumerate(calls):
+        best, best_len = None, -1
+        for s, segment in enumerate(segments):
+            tail = calls[segment[-1]][1]
+            size = len(tail.prompt_token_ids) + len(tail.generation_token_ids)
+            if size > best_len and _extends(call.prompt_token_ids, tail):
+                best, best_len = s, size
+        if best is None:
+            segments.append([k])
+        else:
+            segments[best].append(k)
+    return segments

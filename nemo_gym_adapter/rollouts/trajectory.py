@@ -13,12 +13,17 @@ One row (:func:`build_trajectory`): the model calls of ``response.output`` (item
   the trajectory is flagged ``truncated`` and keeps its reward.
 
 Masked samples (never dropped; reward 0; ``masked_reason`` says why; see :class:`MaskReason`): Gym's
-``mask_sample``; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
+``mask_sample``; verifier errors (the environment could not score the rollout: a result with ``mask_sample`` and a
+verifier ``failure_kind``, or a ``/run`` 5xx whose error chain starts in the environment's code, ``rollouts.gym_errors``),
+unless ``verifier_errors`` says ``reward0`` for the environment and the tokens are there; optionally any ``failure_kind`` (off by default: Gym documents ``failure_kind`` as orthogonal to
 ``mask_sample`` and e.g. ``nemo_user_sim`` names a kind on valid zero-reward samples); client failures (timeout,
 request failed, unroutable, server down, aborted: a vLLM abort Gym could not retry, see ``vllm.abort``); unparseable results; context overflow (a model call without ids plus
-``incomplete_details``); model calls without ids; no model call; non-contiguous history (``contiguity="mask"``;
+``incomplete_details``); model calls without ids; model calls with ids but not one finite log-prob per generated token
+(``missing_log_probs``: never trained on invented values); no model call; non-contiguous history (``contiguity="mask"``;
 ``"truncate"`` keeps the contiguous prefix of calls and flags ``truncated``, ``"raise"`` raises
-:class:`TokenAlignmentError`); prompt longer than ``prompt_length`` or leaving no response budget; no sampled token.
+:class:`TokenAlignmentError`; ``"split"`` masks it here too, and :mod:`nemo_gym_adapter.rollouts.segments` makes it one
+trajectory per prefix-consistent segment); prompt longer than ``prompt_length`` or leaving no response budget; no
+sampled token.
 
 A masked trajectory keeps its prompt when known and fitting (useful in logs) and has no response tokens; every
 unmasked one has at least one sampled token (what :mod:`nemo_gym_adapter.rollouts.padding` relies on to make masked rows
@@ -43,7 +48,12 @@ from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerE
 from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
 from nemo_gym_adapter.wire import GENERATION_ABORTED, GymRunResult, parse_run_result
 
-ContiguityPolicy = Literal["mask", "truncate", "raise"]
+ContiguityPolicy = Literal["mask", "truncate", "split", "raise"]
+CONTIGUITY_POLICIES = ("mask", "truncate", "split", "raise")
+VerifierErrorPolicy = Literal["mask", "reward0"]
+DEFAULT_KEY = "_default"  # Gym's own spelling for "every other agent" (rollout_collection agent_map, num_repeats)
+# Gym 0.7 failure kinds that mean "the verifier could not score this rollout" (nemo_gym/failure_kinds.py).
+VERIFIER_FAILURE_KINDS = frozenset({"verifier_error", "judge_failed", "judge_unparseable"})
 
 
 class MaskReason(str, enum.Enum):
@@ -57,8 +67,14 @@ class MaskReason(str, enum.Enum):
     SERVER_DOWN = "server_down"  # a server the row needs (agent, resources, model, vLLM replica) was dead
     ABORTED = "aborted"  # vLLM aborted a model call (weight sync) and Gym's retries of it failed too (vllm.abort)
     INVALID_RESULT = "invalid_result"  # /run answered with something that is not a valid result
+    # The environment could not score the rollout: Gym says so (mask_sample with failure_kind verifier_error /
+    # judge_failed / judge_unparseable, its own convention: nemo_gym/judge.py judge_failsafe), or /run answered 5xx
+    # with Gym's error chain starting in the environment's code (rollouts.gym_errors: e.g. a resources server refusing
+    # an unparseable action). Masked by default; TrajectoryConfig.verifier_errors can make them reward 0.
+    VERIFIER_ERROR = "verifier_error"
     CONTEXT_OVERFLOW = "context_overflow"  # vLLM refused the prompt: a call without ids + incomplete_details
     MISSING_TOKEN_IDS = "missing_token_ids"  # a model call without ids (model server not in training mode?)
+    MISSING_LOG_PROBS = "missing_log_probs"  # a model call with ids but not one finite log-prob per generated token
     NO_MODEL_CALL = "no_model_call"  # the trajectory contains no model call at all
     NON_CONTIGUOUS = "non_contiguous"  # a prompt does not extend the previous prompt + generation
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt > prompt_length, or no response budget left under max_model_len
@@ -109,7 +125,26 @@ class TrajectoryConfig:
     max_model_len: int | None = None
     contiguity: ContiguityPolicy = "mask"
     mask_on_failure_kind: bool = False
+    # {env: mask | reward0, "_default": ...}: what a verifier error becomes. mask (default): a masked sample, never a
+    # fabricated score. reward0: the rollout is trained with reward 0 -- for environments whose verifier raises on
+    # unparseable output, so that an untrained model can still be taught the format. Needs the rollout's tokens: a
+    # Gym result carrying them; an HTTP 500 carries none, so it stays masked whatever the policy.
+    verifier_errors: Mapping[str, VerifierErrorPolicy] = field(default_factory=dict)
     key_prefix: str = "trajectory"
+
+    def verifier_error_policy(self, env_name: str) -> VerifierErrorPolicy:
+        """What a verifier error of ``env_name`` becomes: its own entry, else ``_default``'s, else ``mask``."""
+        return self.verifier_errors.get(env_name, self.verifier_errors.get(DEFAULT_KEY, "mask"))
+
+    def check_envs(self, agents: Sequence[str]) -> None:
+        """Refuse ``verifier_errors`` keys that name no agent of the running Gym (a typo would silently keep
+        ``mask``): ``AdapterConfigError`` naming the key and the agents there are."""
+        unknown = sorted(set(self.verifier_errors) - {DEFAULT_KEY, *agents})
+        if unknown:
+            raise AdapterConfigError(
+                f"{self.key_prefix}.verifier_errors: {unknown} name no agent of the running Gym; its agents are "
+                f"{sorted(agents)} (or use {DEFAULT_KEY} for every environment)"
+            )
 
     def __post_init__(self) -> None:
         bad = []
@@ -119,8 +154,11 @@ class TrajectoryConfig:
             bad.append(f"response_length={self.response_length!r} (must be >= 1)")
         if self.max_model_len is not None and self.max_model_len < 2:
             bad.append(f"max_model_len={self.max_model_len!r} (must be >= 2 or null)")
-        if self.contiguity not in ("mask", "truncate", "raise"):
-            bad.append(f"contiguity={self.contiguity!r} (must be 'mask', 'truncate' or 'raise')")
+        if self.contiguity not in CONTIGUITY_POLICIES:
+            bad.append(f"contiguity={self.contiguity!r} (must be one of {', '.join(CONTIGUITY_POLICIES)})")
+        for env, policy in self.verifier_errors.items():
+            if policy not in ("mask", "reward0"):
+                bad.append(f"verifier_errors.{env}={policy!r} (must be 'mask' or 'reward0')")
         if bad:
             raise AdapterConfigError("; ".join(f"{self.key_prefix}.{b}" for b in bad))
 
@@ -176,9 +214,12 @@ class Trajectory:
     detail: str = ""
     truncated: bool = False
     contiguity_failure: bool = False
+    verifier_error: bool = False  # the verifier could not score it (trained with reward 0 under policy reward0)
     failure_kind: str | None = None
     latency_s: float | None = None
     row_index: int | None = None
+    segment: int = 0  # contiguity="split": this trajectory's place among its rollout's segments (rollouts.segments)
+    segments: int = 1  # ... and how many the rollout has (1: its calls form one history)
 
     @property
     def masked(self) -> bool:
@@ -213,6 +254,8 @@ def failed_trajectory(
     reason = _CLIENT_REASONS.get(failure.reason, MaskReason.REQUEST_FAILED)
     if reason is MaskReason.REQUEST_FAILED and GENERATION_ABORTED in failure.detail:
         reason = MaskReason.ABORTED
+    elif reason is MaskReason.REQUEST_FAILED and getattr(failure, "origin", None) == "environment":
+        reason = MaskReason.VERIFIER_ERROR  # the environment's own code raised (no tokens came back: stays masked)
     return Trajectory(
         env_name=env_name,
         masked_reason=reason,
@@ -256,7 +299,13 @@ def build_trajectory(
         return Trajectory(prompt_ids=kept_prompt, masked_reason=reason, detail=detail, **{**common, **extra})
 
     gym_says = ": ".join(x for x in (result.failure_kind, result.failure_reason) if x)
-    if result.mask_sample:
+    verifier_error = result.mask_sample and result.failure_kind in VERIFIER_FAILURE_KINDS
+    reward = float(result.reward)
+    if verifier_error and config.verifier_error_policy(env_name) == "reward0":
+        reward = 0.0  # trained as a failure to score, below; every token check still applies
+    elif verifier_error:
+        return masked(MaskReason.VERIFIER_ERROR, f"{where}: the verifier could not score it ({gym_says})")
+    elif result.mask_sample:
         return masked(MaskReason.MASK_SAMPLE, f"{where}: Gym set mask_sample" + (f" ({gym_says})" if gym_says else ""))
     if config.mask_on_failure_kind and result.failure_kind:
         return masked(MaskReason.FAILURE_KIND, f"{where}: Gym named failure_kind ({gym_says})")
@@ -276,6 +325,14 @@ def build_trajectory(
         )
     if not calls:
         return masked(MaskReason.NO_MODEL_CALL, f"{where}: response.output has no model call ({len(output)} items)")
+    no_log_probs = result.calls_without_log_probs()
+    if no_log_probs:
+        return masked(
+            MaskReason.MISSING_LOG_PROBS,
+            f"{where}: model call(s) at response.output{no_log_probs} carry token ids but not one log-prob per "
+            "generated token (a request with top_logprobs: null, or a server that does not return them); not trained "
+            "on invented values",
+        )
     if len(first_prompt) > config.prompt_length:
         return masked(
             MaskReason.PROMPT_TOO_LONG,
@@ -296,7 +353,7 @@ def build_trajectory(
     if truncated:
         if config.contiguity == "raise":
             raise TokenAlignmentError(break_detail)
-        if config.contiguity == "mask":
+        if config.contiguity in ("mask", "split"):  # split: rollouts.segments splits what is masked here
             return masked(MaskReason.NON_CONTIGUOUS, break_detail, contiguity_failure=True)
     kept = [item for _, item in calls[:n_ok]]
 
@@ -317,6 +374,9 @@ def build_trajectory(
     n_sampled = sum(e - s for s, e in spans)
     if n_sampled == 0:
         return masked(MaskReason.EMPTY_GENERATION, f"{where}: the model calls sampled no tokens")
+    sampled_logprobs = _frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled)
+    if not np.isfinite(sampled_logprobs).all():
+        return masked(MaskReason.MISSING_LOG_PROBS, f"{where}: a generation log-prob is not finite (NaN or inf)")
 
     last = kept[-1]
     response_parts = (
@@ -326,8 +386,9 @@ def build_trajectory(
         prompt_ids=kept_prompt,  # = first_prompt here: it fits prompt_length (checked above)
         response_ids=_frozen_concat(response_parts, np.int64, end),
         sampled_spans=tuple(spans),
-        sampled_logprobs=_frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled),
-        reward=float(result.reward),
+        sampled_logprobs=sampled_logprobs,
+        reward=reward,
+        verifier_error=verifier_error,
         truncated=truncated,
         contiguity_failure=n_ok < len(calls),
         detail=break_detail,

@@ -127,7 +127,7 @@ class ValidationPass:
         if not self.rows:
             return {}
         ours = compute_metrics(
-            [r.trajectory for r in self.rows], prefix="val", success_threshold=self.success_threshold
+            [r.segments or r.trajectory for r in self.rows], prefix="val", success_threshold=self.success_threshold
         )
         out: dict[str, float] = {}
         for key, value in ours.items():

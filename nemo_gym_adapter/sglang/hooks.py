@@ -1,8 +1,9 @@
 """The SGLang hook of the token-ID patch: the splice in SGLang 0.5.12's chat-template render.
 
 Same contract as the vLLM hook (:mod:`nemo_gym_adapter.vllm.hooks`) and the same token math
-(:mod:`nemo_gym_adapter.tokens`: anchor, splice, in-place edit check, ``assistant_edits``, required prefix, budget
-clamp, prefix ids reused); only where SGLang is touched differs. In SGLang 0.5.12
+(:mod:`nemo_gym_adapter.tokens`: anchor, splice, in-place edit check with the same-text retokenization rule,
+``assistant_edits``, required prefix (also on a conversation without an assistant message), budget clamp, prefix ids
+reused); only where SGLang is touched differs. In SGLang 0.5.12
 (``sglang/srt/entrypoints/openai/serving_chat.py``):
 
 * prompt ids come from ``OpenAIServingChat._apply_jinja_template`` (``:516``, sync), reached from ``_process_messages``
@@ -35,9 +36,10 @@ from typing import Any
 
 from nemo_gym_adapter.errors import TokenAlignmentError
 from nemo_gym_adapter.sglang.request_ids import CURRENT, SENTINEL, RequestIds
-from nemo_gym_adapter.tokens.anchor import SPLICE_ERROR, splice_request
+from nemo_gym_adapter.tokens.anchor import REQUIRED_PREFIX_KEY, SPLICE_ERROR, splice_request
 from nemo_gym_adapter.tokens.budget import clamp_output_budget
 from nemo_gym_adapter.tokens.prefix_reuse import prefix_ids_by_segments, stop_texts_for
+from nemo_gym_adapter.tokens.same_text import SameText
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate, turn_template_from_tokenizer
 
 # Process-wide options (the patch itself is process-wide): set by sglang.patch.apply_patch, read per request.
@@ -116,10 +118,12 @@ def _splice(serving: Any, request: Any, result: Any, recorder: _RecordingTokeniz
             f"the chat template was given {len(conversation)} messages for the request's {len(ids.messages)} "
             "(continue_final_message is not supported together with token ids)"
         )
-    template = turn_template_of(serving)
+    template, same_text = _templates_of(serving)
     tokenizer = recorder._tokenizer
     full_ids = list(result.prompt_ids)
-    prefix_ids = _prefix_ids(tokenizer, conversation, kwargs, ids.anchor.index, full_ids, template)
+    prefix_ids = None  # the required prefix alone (anchor.index -1): no assistant message to render through
+    if ids.anchor.renders_prefix:
+        prefix_ids = _prefix_ids(tokenizer, conversation, kwargs, ids.anchor.index, full_ids, template)
     return splice_request(
         ids.anchor,
         ids.messages,
@@ -128,6 +132,7 @@ def _splice(serving: Any, request: Any, result: Any, recorder: _RecordingTokeniz
         template,
         decode=tokenizer.decode,
         assistant_edits=OPTIONS["assistant_edits"],
+        same_text=same_text,
     )
 
 
@@ -138,9 +143,10 @@ def _refuse_other_renderers(serving: Any, is_multimodal: bool, ids: RequestIds) 
         return
     what = f"the {encoder} Python chat encoder" if encoder is not None else "a multimodal model's text render"
     index = ids.anchor.index if ids.anchor is not None else "?"
+    where = REQUIRED_PREFIX_KEY if index == -1 else f"messages[{index}]"
     raise TokenAlignmentError(
         f"{SPLICE_ERROR}: this server renders chats with {what}, not the Hugging Face chat template the splice "
-        f"re-renders, so the token ids on messages[{index}] would be ignored; not supported by the token-ID patch"
+        f"re-renders, so the token ids of {where} would be ignored; not supported by the token-ID patch"
     )
 
 
@@ -209,13 +215,19 @@ def make_conversation_guard(original: Any) -> Any:
     return _apply_conversation_template
 
 
-# Per tokenizer (weakly held): {chat template text -> TurnTemplate}.
+# Per tokenizer (weakly held): {chat template text -> (TurnTemplate, SameText or None)}.
 _TEMPLATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def turn_template_of(serving: Any) -> TurnTemplate:
     """The TurnTemplate of the server's tokenizer and chat template, derived once (rendering a probe costs ~ms).
     Stop ids include the generation config's EOS ids (``model_config.hf_eos_token_id``): SGLang stops at them too."""
+    return _templates_of(serving)[0]
+
+
+def _templates_of(serving: Any) -> tuple[TurnTemplate, SameText | None]:
+    """:func:`turn_template_of` and the tokenizer's exact text comparison (``tokens.same_text``: a history spelled in
+    other tokens than the render is kept; None when its decode cannot be made exact), derived once per template."""
     tokenizer_manager = serving.tokenizer_manager
     tokenizer = tokenizer_manager.tokenizer
     per_tokenizer = _TEMPLATES.setdefault(tokenizer, {})
@@ -224,5 +236,6 @@ def turn_template_of(serving: Any) -> TurnTemplate:
     if key not in per_tokenizer:
         eos = getattr(tokenizer_manager.model_config, "hf_eos_token_id", None) or ()
         eos_ids = [eos] if isinstance(eos, int) else [t for t in eos if type(t) is int]
-        per_tokenizer[key] = turn_template_from_tokenizer(tokenizer, eos_ids)
+        template = turn_template_from_tokenizer(tokenizer, eos_ids)
+        per_tokenizer[key] = (template, SameText.for_tokenizer(tokenizer, template.added_ids))
     return per_tokenizer[key]

@@ -20,21 +20,24 @@ class ContextLengthExceeded(AdapterError, ValueError):
     """The (spliced) prompt leaves no room for a single output token. A ``ValueError``: both engines answer 400."""
 
 
-def clamp_output_budget(prompt_len: int, max_model_len: int | None, requested: int | None) -> int | None:
-    """The output budget after the splice: ``min(requested, max_model_len - prompt_len)``.
+def clamp_output_budget(
+    prompt_len: int, max_model_len: int | None, requested: int | None, *, spliced: bool = True
+) -> int | None:
+    """The output budget for a ``prompt_len``-token prompt: ``min(requested, max_model_len - prompt_len)``.
 
     ``requested`` None stays None (the engine then uses the rest of the context itself). Raises
-    ``ContextLengthExceeded`` with vLLM's own wording when the prompt leaves no room for one output token.
+    ``ContextLengthExceeded`` with vLLM's own wording when the prompt leaves no room for one output token
+    (``spliced``: the message says the prompt length is the one after the token-ID splice).
     """
     if max_model_len is None:
         return requested
     if prompt_len >= max_model_len:
         out = max(requested or 0, 1)
+        after = " (after the token-ID splice)" if spliced else ""
         raise ContextLengthExceeded(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested {out} output "
-            f"tokens and your prompt contains {prompt_len} input tokens (after the token-ID splice), for a total of "
-            f"{prompt_len + out} tokens. Please reduce the length of the input prompt or the number of requested "
-            "output tokens."
+            f"tokens and your prompt contains {prompt_len} input tokens{after}, for a total of {prompt_len + out} "
+            "tokens. Please reduce the length of the input prompt or the number of requested output tokens."
         )
     room = max_model_len - prompt_len
     return requested if requested is None else min(requested, room)

@@ -37,6 +37,11 @@ A text that spells a stop token (a model writing ``<|im_end|>`` in its reasoning
 renders it, so an assistant body in ``X`` may hold more turn ends than the generation. ``spelled`` bounds how many per
 message; the right one is the candidate after which ``X`` continues like ``M``.
 
+Retokenized, not edited: a unit (from one turn end to the next) whose ids differ but that spells the same text with
+the same special tokens (:class:`~nemo_gym_adapter.tokens.same_text.SameText`, given as ``same_text``) is the history
+the model saw in other tokens, not an edit; the walk continues after it and the model's ids are kept. Each differing
+unit is decoded at most once, so the walk stays linear. Without ``same_text`` any difference is an edit.
+
 Assistant bodies are never compared here; an assistant message whose text was edited while its ids were kept is
 the ``refuse`` policy's business (:mod:`assistant_texts`).
 """
@@ -44,13 +49,13 @@ the ``refuse`` policy's business (:mod:`assistant_texts`).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_gym_adapter.errors import TokenAlignmentError
+from nemo_gym_adapter.tokens.same_text import Decode, SameText
 
-Decode = Callable[[list[int]], str]
 _SHOW = 16  # tokens of context on each side of a difference in error messages
 
 
@@ -144,10 +149,17 @@ def check_structure(model_prefix: list[int], history: TurnHistory) -> None:
 
 
 def walk(
-    model: Stops, rendered: Stops, history: TurnHistory, stop_ids: Collection[int], *, tolerate_unmarked: bool
+    model: Stops,
+    rendered: Stops,
+    history: TurnHistory,
+    stop_ids: Collection[int],
+    *,
+    tolerate_unmarked: bool,
+    same_text: SameText | None = None,
 ) -> tuple[int, list[int]]:
     """Walk ``rendered`` along ``model`` (see the module docstring). Returns where the anchor's body starts in
-    ``rendered`` and the position of every earlier tokenized turn's end there. Raises ``Divergence``."""
+    ``rendered`` and the position of every earlier tokenized turn's end there. Raises ``Divergence``; a unit
+    ``same_text`` says spells the same text is not one."""
     m = x = 0
     first_message = 0
     ends: list[int] = []
@@ -155,7 +167,8 @@ def walk(
         unmarked = [i for i in history.unmarked if first_message <= i < turn.index]
         spelled = sum(history.spelled.get(i, 0) for i in unmarked)
         span = (first_message, turn.index)
-        x = _match_span(model, rendered, m, turn.start, x, len(unmarked) if tolerate_unmarked else 0, spelled, span)
+        tolerate = len(unmarked) if tolerate_unmarked else 0
+        x = _match_span(model, rendered, m, turn.start, x, tolerate, spelled, span, same_text)
         if j == len(history.turns) - 1:
             return x, ends
         ended = bool(turn.generation) and turn.generation[-1] in stop_ids
@@ -217,9 +230,11 @@ def _match_span(
     tolerate: int,
     spelled: int,
     span: tuple[int, int],
+    same_text: SameText | None = None,
 ) -> int:
     """Match ``model.ids[m:m_end]`` (a span of template text) at ``rendered`` position ``x``; return where the next
-    assistant body starts in ``rendered``. Raises ``Divergence`` at a difference outside the span's last unit."""
+    assistant body starts in ``rendered``. Raises ``Divergence`` at a difference outside the span's last unit that
+    is not a retokenization of the same text (:func:`_retokenized_unit`)."""
     M, X = model.ids, rendered.ids
     x_span_start = x
     last = model.last_before(m_end, m)  # the span's last turn end; after it: the generation prompt
@@ -230,6 +245,9 @@ def _match_span(
         d = first_difference(M, m, X, x, n)
         if m + d > last:
             return x + d
+        if same_text is not None and (resumed := _retokenized_unit(model, rendered, m, x, d, same_text)):
+            m, x = resumed  # the same characters in other tokens: not an edit, the model's ids stay
+            continue
         if tolerate and _is_model_turn(M, model.last_before(m + d, m), m, last, m_end):
             # An assistant turn the model generated whose ids the client dropped: skip it like a tokenized one.
             tolerate -= 1
@@ -238,6 +256,26 @@ def _match_span(
             m, x = own_end + 1, end + 1
             continue
         raise Divergence(m + d, x + d, span, x_span_start)
+
+
+def _retokenized_unit(
+    model: Stops, rendered: Stops, m: int, x: int, d: int, same_text: SameText
+) -> tuple[int, int] | None:
+    """Where to resume (after the unit's turn end, in both) when the unit holding the first difference (at ``m + d``
+    and ``x + d``; equal before it) ends with the same stop id in both and spells the same text; else None. A unit
+    runs from the previous turn end (given to ``same_text`` as left context) or the span start, to the next turn end."""
+    start = model.last_before(m + d, m)  # the common turn end before the unit, else the token before the span
+    if start < 0:
+        start = m - 1 if m and x and model.ids[m - 1] == rendered.ids[x - 1] else m
+    i, j = model.first_from(m + d), rendered.first_from(x + d)
+    if i >= len(model.at) or j >= len(rendered.at):
+        return None
+    m_stop, x_stop = model.at[i], rendered.at[j]
+    if model.ids[m_stop] != rendered.ids[x_stop]:
+        return None
+    if not same_text(model.ids[start:m_stop], rendered.ids[x + (start - m) : x_stop]):
+        return None
+    return m_stop + 1, x_stop + 1
 
 
 def _is_model_turn(M: list[int], unit_stop: int, m: int, last: int, m_end: int) -> bool:

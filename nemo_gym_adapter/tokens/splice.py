@@ -45,7 +45,9 @@ assistant message whose text was changed while its ids were kept follows ``assis
 Gym documents the message-level token ids as the single source of truth) or ``refuse``.
 
 Everything here is pure: token lists in, a new list out; no encode, linear scans only (this runs in vLLM's request
-preprocessing on every turn). ``decode`` is used for error messages and the ``refuse`` policy only.
+preprocessing on every turn). ``decode`` is used for error messages and the ``refuse`` policy only; ``same_text``
+(an exact decode, :mod:`same_text`) only where the history differs from the render token by token, to tell a
+retokenization of the same text (kept) from an edit (refused).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from nemo_gym_adapter.tokens.history_check import (
     edit_error,
     walk,
 )
+from nemo_gym_adapter.tokens.same_text import SameText
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate
 
 # Keys NeMo Gym's vllm_model (return_token_id_information: true) puts on each assistant message it sends back.
@@ -176,6 +179,7 @@ def splice_prompt(
     *,
     decode: Decode | None = None,
     assistant_edits: str = "keep_ids",
+    same_text: SameText | None = None,
 ) -> list[int]:
     """The prompt to feed the engine: the model's own tokens, then the rendered rest of the conversation.
 
@@ -191,6 +195,8 @@ def splice_prompt(
     check of ``history_check`` (skipped for templates that do not close every turn, ``TurnTemplate.closes_turns``).
     ``decode``: token ids -> text, for error messages and ``assistant_edits="refuse"`` (then required), which also
     refuses tokenized assistant messages whose text is not what their generation ids say; ``keep_ids`` keeps the ids.
+    ``same_text``: a history unit whose ids differ from the render's but that spells the same text is kept, not
+    refused (without it, any difference is an edit).
 
     Raises ``TokenAlignmentError`` (never guesses) when the model prefix's turn count differs from the rendered
     history's (history edited, summarised, truncated or merged), a message was edited in place, or the full render
@@ -225,6 +231,7 @@ def splice_prompt(
         )
 
     anchor_body = None
+    keep = assistant_edits == "keep_ids"
     if history is not None and (template.closes_turns or extra):
         if not template.closes_turns:
             raise TokenAlignmentError(
@@ -233,7 +240,7 @@ def splice_prompt(
             )
         check_structure(model_prefix, history)
         try:
-            body_start, _ = walk(model, prefix, history, stops, tolerate_unmarked=assistant_edits == "keep_ids")
+            body_start, _ = walk(model, prefix, history, stops, tolerate_unmarked=keep, same_text=same_text)
         except Divergence as div:
             raise TokenAlignmentError(edit_error(div, model, prefix, history, decode)) from None
         anchor_body = (body_start, anchor_end(prefix, body_start, history)[1])
@@ -255,7 +262,7 @@ def splice_prompt(
         # Assistant text spelled stop tokens: counts no longer line up, walk the full render like the history render.
         assert history is not None and anchor_body is not None  # extra > 0 needs history.spelled, checked above
         try:
-            full_body, _ = walk(model, full, history, stops, tolerate_unmarked=assistant_edits == "keep_ids")
+            full_body, _ = walk(model, full, history, stops, tolerate_unmarked=keep, same_text=same_text)
         except Divergence as div:
             raise TokenAlignmentError(
                 "the full render does not contain the history the way the history render does: "

@@ -36,6 +36,9 @@ class TurnTemplate:
     stop_ids: frozenset[int] = frozenset()
     stop_texts: tuple[str, ...] = ()
     closes_turns: bool = True
+    # Added/special token ids of the tokenizer: a retokenized unit must keep them where they were (the text check of
+    # ``history_check`` accepts other splits of plain text only, never a special token spelled as text).
+    added_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if not _is_token_id(self.terminator_id):
@@ -100,7 +103,7 @@ def turn_template_from_tokenizer(
         texts = tuple(sorted({t for t in (tokenizer.decode([s]) for s in stops) if t}))
         between = text[text.find(_USER_MARKER) + len(_USER_MARKER) : text.rindex(_PROBE_MARKER)]
         closes = _USER_MARKER in text and any(t in stops for t in tokenizer.encode(between, add_special_tokens=False))
-        return TurnTemplate(terminator, frozenset(stops), texts, closes)
+        return TurnTemplate(terminator, frozenset(stops), texts, closes, frozenset(special_ids))
     raise TokenAlignmentError("cannot find the assistant-turn terminator in the chat template: " + "; ".join(problems))
 
 

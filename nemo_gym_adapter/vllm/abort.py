@@ -36,6 +36,10 @@ Not guarded, because Gym never reaches them with a trainable turn:
   raises ``NotImplementedError`` with ``return_token_id_information: true`` before the call (``app.py:500-501``),
   and without token ids every row is masked ``missing_token_ids`` (``trajectory.build_trajectory``), never trained;
 - ``/tokenize`` (``app.py:1098``, ``:1346``: prompt ids): no generation, nothing to abort.
+
+The chat guard also hands a non-aborted answer and the last ``RequestOutput`` it watched to
+:func:`nemo_gym_adapter.vllm.token_fields.attach_token_fields` (NeMo RL's token fields on ``choices[].message``):
+the one wrapper of ``chat_completion_full_generator`` in the process, so both features see the same outputs.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_gym_adapter.vllm.token_fields import attach_token_fields
 from nemo_gym_adapter.wire import GENERATION_ABORTED
 
 ABORT_MARKER = f"{GENERATION_ABORTED} by the vLLM engine"
@@ -110,15 +115,17 @@ def refuse(serving: Any) -> Any:
 
 
 class _Watch:
-    """Passes a RequestOutput stream through and remembers whether its last output was aborted."""
+    """Passes a RequestOutput stream through and remembers its last output and whether it was aborted."""
 
     def __init__(self, stream: AsyncIterator[Any]) -> None:
         self.stream = stream
         self.aborted = False
+        self.last: Any = None
 
     async def outputs(self) -> AsyncIterator[Any]:
         async for output in self.stream:
             self.aborted = was_aborted(output)
+            self.last = output
             yield output
 
 
@@ -135,9 +142,11 @@ def make_abort_guard(original: Any, outputs: str = "stream") -> Any:
         async def guarded_stream(self: Any, request: Any, result_generator: Any, *args: Any, **kw: Any) -> Any:
             watch = _Watch(result_generator)
             response = await original(self, request, watch.outputs(), *args, **kw)
-            if watch.aborted and getattr(response, "choices", None) is not None:
+            if getattr(response, "choices", None) is None:  # an error answer of vLLM's own
+                return response
+            if watch.aborted:
                 return refuse(self)
-            return response
+            return attach_token_fields(request, response, watch.last)
 
         guard: Any = guarded_stream
     elif outputs == "batch":

@@ -14,8 +14,10 @@ vLLM           hook (pinned in ``HOOK_TARGETS``; anything else fails loudly, nam
 =============  ==========================================================================================
 
 One hook serves ``/v1/chat/completions`` and ``/tokenize`` (both render through it), so Gym's ``/tokenize`` call and
-the engine prompt agree. The wrapper, only when an assistant message carries ids (or the request carries Gym's
-``required_prefix_token_ids``):
+the engine prompt agree. On every chat request the wrapper first refuses ``logprobs: true`` with ``top_logprobs:
+null`` (vLLM would drop the log-probs in silence) and, without ids, only clamps the output budget to the context
+(:mod:`nemo_gym_adapter.vllm.request_limits`, which also wraps ``/v1/completions``). When an assistant message carries
+ids (or the request carries ``required_prefix_token_ids``, Gym's prefix supply and NeMo RL's server field) it:
 
 1. runs the original for the full render, with the output budget lifted so vLLM's own length check does not judge a
    prompt that the splice is about to replace;
@@ -23,9 +25,12 @@ the engine prompt agree. The wrapper, only when an assistant message carries ids
    ``default_template_kwargs``, so passing ``add_generation_prompt`` there would be ignored). Fast path: template text
    only, token ids reused from the full render segment by segment (``vllm.prefix_render``, keeps the patched render
    near 1x); otherwise the original hook again, with ``parser=None`` (the first render consumed parser state);
-3. splices (``splice.splice_prompt``; a history edited in place since the model saw it is refused, see
-   ``history_check``; ``vllm.patch.apply_patch(assistant_edits=...)`` sets the policy for edited assistant
-   messages), checks ``required_prefix_token_ids``, replaces ``prompt_token_ids``;
+3. splices (``tokens.anchor.splice_request``, the token math SGLang's hook shares, over ``splice.splice_prompt``; a
+   history edited in place since the model saw it is refused, a history spelled in other tokens than the render's is
+   kept, see ``history_check`` and ``same_text``; ``vllm.patch.apply_patch(assistant_edits=...)`` sets the policy for
+   edited assistant messages), checks ``required_prefix_token_ids``, replaces ``prompt_token_ids``. A required prefix
+   on a conversation without any assistant message is the model prefix by itself (``tokens.required_prefix``: no
+   prefix render, step 2 skipped);
 4. clamps ``max_tokens``/``max_completion_tokens`` so prompt + output <= ``max_model_len``, or raises vLLM's own
    context-length 400 ("This model's maximum context length is N tokens...", which Gym maps to
    ``incomplete_details``). A ``TokenAlignmentError`` becomes a 400 naming the problem.
@@ -36,7 +41,8 @@ ignored in silence. ``make_harmony_guard`` wraps that ``render_chat``: a harmony
 a required prefix) gets a 400 naming the reason; requests without ids are left alone.
 
 Prompt and generation ids come back inline through vLLM's own ``return_token_ids`` (0.24 and 0.31 both have it), so
-Gym's ``request_prompt_and_generation_token_ids: true`` needs nothing from us. Installing the wrapper (idempotent,
+Gym's ``request_prompt_and_generation_token_ids: true`` needs nothing from us; NeMo RL's fields on
+``choices[].message`` are added by :mod:`nemo_gym_adapter.vllm.token_fields`. Installing the wrapper (idempotent,
 in this process or inside verl's server actors through Ray) is :mod:`nemo_gym_adapter.vllm.patch`.
 """
 
@@ -53,14 +59,19 @@ from nemo_gym_adapter.errors import SetupError, TokenAlignmentError
 from nemo_gym_adapter.tokens.anchor import REQUIRED_PREFIX_KEY, required_prefix, splice_request
 from nemo_gym_adapter.tokens.anchor import Anchor as _Anchor
 from nemo_gym_adapter.tokens.anchor import find_anchor as _find_anchor
-from nemo_gym_adapter.tokens.budget import BUDGET_FIELDS as _BUDGET_FIELDS
-from nemo_gym_adapter.tokens.budget import ContextLengthExceeded, clamp_output_budget
+from nemo_gym_adapter.tokens.same_text import SameText
 from nemo_gym_adapter.tokens.splice import messages_through
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate, turn_template_from_tokenizer
 from nemo_gym_adapter.vllm.prefix_render import fast_prefix_ids
+from nemo_gym_adapter.vllm.request_limits import (
+    BUDGET_FIELDS,
+    SENTINEL,
+    ContextLengthExceeded,
+    OutputBudget,
+    bad_request,
+    check_logprobs_request,
+)
 
-__all__ = ["REQUIRED_PREFIX_KEY", "ContextLengthExceeded", "clamp_output_budget", "find_anchor", "make_wrapper"]
-SENTINEL = "__ngv_original__"  # attribute on the installed wrapper, pointing at the original method
 # Process-wide splice options (the patch itself is process-wide): set by vllm.patch.apply_patch, read per request.
 OPTIONS = {"assistant_edits": "keep_ids"}
 
@@ -74,6 +85,7 @@ class HookTarget:
     module: str
     qualname: str  # "Class.method"
     guard: str = "render_chat"  # the same class's method that bypasses the hook for harmony (GPT-OSS) models
+    completion: str = "preprocess_completion"  # the same class's /v1/completions render (request_limits clamps it)
 
     @property
     def dotted(self) -> str:
@@ -114,45 +126,14 @@ def _required_prefix(request: Any) -> list[int] | None:
 
 
 def find_anchor(request: Any, messages: Sequence[Any]) -> _Anchor | None:
-    """The splice anchor of a request (:func:`nemo_gym_adapter.tokens.anchor.find_anchor`), or None to leave the
-    request to stock vLLM: also when vLLM's disaggregated-serving reuse (``kv_transfer_params.prompt_token_ids``)
-    already fixes the prompt ids."""
+    """The splice anchor of a request (:func:`nemo_gym_adapter.tokens.anchor.find_anchor`: the last assistant message
+    with ids, else Gym's required prefix at the last assistant message, or at -1 when there is none), or None to
+    leave the request to stock vLLM: also when vLLM's disaggregated-serving reuse (``kv_transfer_params.
+    prompt_token_ids``) already fixes the prompt ids."""
     kv = getattr(request, "kv_transfer_params", None)
     if isinstance(kv, dict) and kv.get("prompt_token_ids"):
         return None
     return _find_anchor(messages, _required_prefix(request))
-
-
-class _OutputBudget:
-    """The request's ``max_tokens``/``max_completion_tokens``: lifted during the full render, clamped after it."""
-
-    def __init__(self, request: Any) -> None:
-        fields = getattr(type(request), "model_fields", {})
-        self.request = request
-        self.saved = {f: getattr(request, f) for f in _BUDGET_FIELDS if f in fields}
-
-    def lift(self) -> None:
-        for f in self.saved:
-            setattr(self.request, f, None)
-
-    def restore(self) -> None:
-        for f, v in self.saved.items():
-            setattr(self.request, f, v)
-
-    def clamp(self, prompt_len: int, max_model_len: int | None) -> None:
-        if not self.saved:  # /tokenize: no output budget, and vLLM does not length-check it either
-            return
-        field = next((f for f in _BUDGET_FIELDS if self.saved.get(f) is not None), None)
-        budget = clamp_output_budget(prompt_len, max_model_len, self.saved[field] if field else None)
-        if field is not None:
-            setattr(self.request, field, budget)
-
-
-def _bad_request(message: str, parameter: str) -> Exception:
-    """vLLM's validation error: its exception handlers answer HTTP 400 with this message."""
-    from vllm.exceptions import VLLMValidationError
-
-    return VLLMValidationError(message, parameter=parameter)
 
 
 def make_wrapper(original: Any) -> Any:
@@ -173,41 +154,46 @@ def make_wrapper(original: Any) -> Any:
         skip_mm_cache: bool = False,
     ) -> Any:
         render_args = (default_template, default_template_content_format, default_template_kwargs, tool_dicts)
+        check_logprobs_request(request)
         try:
             anchor = find_anchor(request, messages)
         except TokenAlignmentError as e:
-            raise _bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
-        if anchor is None:
+            raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
+        budget = OutputBudget(request)
+        if anchor is None and budget.requested is None:  # nothing to splice or clamp (/tokenize): stock vLLM
             return await original(self, request, messages, *render_args, parser, skip_mm_cache=skip_mm_cache)
 
-        budget = _OutputBudget(request)
-        budget.lift()
-        try:
-            conversation, engine_inputs = await original(
-                self, request, messages, *render_args, parser, skip_mm_cache=skip_mm_cache
-            )
-        finally:
-            budget.restore()
+        max_model_len = self.model_config.max_model_len
+        conversation, engine_inputs = await budget.lifted(
+            lambda: original(self, request, messages, *render_args, parser, skip_mm_cache=skip_mm_cache), max_model_len
+        )
+        if anchor is None:  # turn 1 and other requests without ids: clamped, not vLLM's 400 (NeMo RL #2514)
+            budget.clamp_inputs(engine_inputs, max_model_len)
+            return conversation, engine_inputs
         if len(engine_inputs) != 1 or "prompt_token_ids" not in engine_inputs[0]:
-            raise _bad_request("nemo-gym-verl token splice: supports one token prompt per chat request", "messages")
+            raise bad_request("nemo-gym-verl token splice: supports one token prompt per chat request", "messages")
         full = engine_inputs[0]
         try:
-            prefix_messages = messages_through(messages, anchor.index)
-            prefix_ids = await _render_prefix(original, self, request, prefix_messages, render_args, full)
+            template, same_text = _turn_template(self, default_template)
+            prefix_ids = None  # the required prefix alone (anchor.index -1): no assistant message to render through
+            if anchor.renders_prefix:
+                prefix_messages = messages_through(messages, anchor.index)
+                prefix_ids = await _render_prefix(original, self, request, prefix_messages, render_args, full)
             prompt = splice_request(
                 anchor,
                 messages,
                 prefix_ids,
                 full["prompt_token_ids"],
-                _turn_template(self, default_template),
+                template,
                 decode=self.renderer.tokenizer.decode,
                 assistant_edits=OPTIONS["assistant_edits"],
+                same_text=same_text,
             )
-            budget.clamp(len(prompt), self.model_config.max_model_len)
+            budget.clamp(len(prompt), max_model_len)
         except TokenAlignmentError as e:
-            raise _bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
+            raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
         except ContextLengthExceeded as e:
-            raise _bad_request(str(e), "input_tokens") from e
+            raise bad_request(str(e), "input_tokens") from e
         full["prompt_token_ids"] = prompt
         # The rendered text and per-token extras describe the replaced ids: drop them rather than serve stale ones.
         for key in ("prompt", "prompt_token_offsets", "prompt_is_token_ids"):
@@ -228,12 +214,13 @@ def make_harmony_guard(original: Any) -> Any:
             try:
                 anchor = find_anchor(request, getattr(request, "messages", None) or [])
             except TokenAlignmentError as e:
-                raise _bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
+                raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
             if anchor is not None:
-                raise _bad_request(
+                where = f"messages[{anchor.index}]" if anchor.index >= 0 else REQUIRED_PREFIX_KEY
+                raise bad_request(
                     "nemo-gym-verl token splice: this model renders chats with openai_harmony (GPT-OSS), a path "
-                    "vLLM does not route through the chat-template render the splice hooks, so the token ids on "
-                    f"messages[{anchor.index}] would be ignored; GPT-OSS is not supported by the token-ID patch",
+                    "vLLM does not route through the chat-template render the splice hooks, so the token ids of "
+                    f"{where} would be ignored; GPT-OSS is not supported by the token-ID patch",
                     "messages",
                 )
         return await original(self, request, *args, **kwargs)
@@ -249,9 +236,9 @@ async def _render_prefix(
     fields = getattr(type(request), "model_fields", {})
     update: dict[str, Any] = {"add_generation_prompt": False, "continue_final_message": False}
     # Shallow copy: fields the first render consumed (kv_transfer_params) or that would length-check are cleared.
-    update.update({f: None for f in (*_BUDGET_FIELDS, "kv_transfer_params", "truncate_prompt_tokens") if f in fields})
+    update.update({f: None for f in (*BUDGET_FIELDS, "kv_transfer_params", "truncate_prompt_tokens") if f in fields})
     prefix_request = request.model_copy(update={k: v for k, v in update.items() if k in fields})
-    stop_ids = _turn_template(serving, render_args[0]).stop_ids
+    stop_ids = _turn_template(serving, render_args[0])[0].stop_ids
     fast = await fast_prefix_ids(serving, prefix_request, prefix_messages, render_args, full, stop_ids)
     if fast is not None:
         return fast
@@ -259,19 +246,20 @@ async def _render_prefix(
     return list(inputs[0]["prompt_token_ids"])
 
 
-# Per tokenizer (weakly held): {chat template -> TurnTemplate}.
+# Per tokenizer (weakly held): {chat template -> (TurnTemplate, SameText or None)}.
 _TEMPLATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _turn_template(serving: Any, chat_template: str | None) -> TurnTemplate:
-    """The TurnTemplate of this server's tokenizer and template, derived once (rendering a probe costs ~ms)."""
+def _turn_template(serving: Any, chat_template: str | None) -> tuple[TurnTemplate, SameText | None]:
+    """The TurnTemplate of this server's tokenizer and template, derived once (rendering a probe costs ~ms), and the
+    tokenizer's exact text comparison (``same_text``; None when its decode cannot be made exact)."""
     tokenizer = serving.renderer.tokenizer
     per_tokenizer = _TEMPLATES.setdefault(tokenizer, {})
-    template = per_tokenizer.get(chat_template)
-    if template is None:
+    found = per_tokenizer.get(chat_template)
+    if found is None:
         template = turn_template_from_tokenizer(tokenizer, _generation_eos_ids(serving), chat_template=chat_template)
-        per_tokenizer[chat_template] = template
-    return template
+        found = per_tokenizer[chat_template] = (template, SameText.for_tokenizer(tokenizer, template.added_ids))
+    return found
 
 
 def _generation_eos_ids(serving: Any) -> list[int]:

@@ -3,7 +3,8 @@
 * :func:`apply_patch`: in this process (``nemo_gym_adapter.vllm.server`` does it before vLLM's server starts). It
   picks the hook of the installed vLLM version (``vllm.hooks.HOOK_TARGETS``), raises ``SetupError`` for an
   unsupported version or a missing hook, wraps it once (a second call reports ``already_patched``) and logs it.
-  It also installs the abort guard (:mod:`nemo_gym_adapter.vllm.abort`: an aborted completion answers 503).
+  It also installs the abort guard (:mod:`nemo_gym_adapter.vllm.abort`: an aborted completion answers 503) and the
+  output-budget clamp on ``/v1/completions`` (:mod:`nemo_gym_adapter.vllm.request_limits`).
 * :func:`apply_patch_to_actors`: inside verl's live rollout server actors (``vllm_server_{replica}_{node}``, found by
   :func:`find_vllm_server_actors`) through ``actor.__ray_call__``; one :class:`PatchReport` per actor, or a
   ``ServerError`` naming the actor that failed or did not answer (the Ray side is
@@ -25,6 +26,7 @@ from nemo_gym_adapter.server_actors import actor_identity, call_on_actors, find_
 from nemo_gym_adapter.tokens.splice import ASSISTANT_EDITS
 from nemo_gym_adapter.vllm.abort import ABORT_GUARD_TARGETS, install_abort_guard
 from nemo_gym_adapter.vllm.hooks import OPTIONS, SENTINEL, hook_target_for, make_harmony_guard, make_wrapper
+from nemo_gym_adapter.vllm.request_limits import make_completion_wrapper
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +84,13 @@ def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
         if guarded is not None and getattr(guarded, SENTINEL, None) is None:
             # Harmony (GPT-OSS) requests bypass the hook in this method: ids on them are refused, not ignored.
             setattr(cls, target.guard, make_harmony_guard(guarded))
+        completion = getattr(cls, target.completion, None)
+        if completion is None:
+            logger.warning(
+                "vLLM %s: no %s.%s; /v1/completions budgets are not clamped", version, class_name, target.completion
+            )
+        elif getattr(completion, SENTINEL, None) is None:
+            setattr(cls, target.completion, make_completion_wrapper(completion))
         OPTIONS["assistant_edits"] = assistant_edits
         # An aborted generation (weight sync in verl's async trainers) answers 503, not a cut "success".
         if not install_abort_guard():

@@ -27,6 +27,15 @@ driver/TaskRunner process): every estimator other than ``gae``/``grpo`` is looke
 
 Explicit keyword arguments win over the config (tests and direct callers).
 
+Several samples per rollout (``nemo_gym.trajectory.contiguity: split``, v1 trainer only): verl's v1
+``_compute_advantage`` puts a session's samples under keys ``{uid}_{session}_{i}`` and hands GRPO, and only GRPO, to
+``compute_advantage_for_multi_trajectories`` (one member per session); every other estimator, this one included, gets
+every row as a group member, so a rollout split in three would count three times in its prompt's baseline. The v1
+trainer mixin therefore sets :data:`SESSION_KEYS` to the batch's keys around ``_compute_advantage``
+(``task_runner_v1.NemoGymTrainerMixin``), and when a session has several rows this estimator computes masked GRPO
+over one representative per session (its last unmasked sample) and gives each representative's advantage to every
+sample of its session (times their masks), as verl does for GRPO: each rollout counts once, however it was split.
+
 Registration: importing this module registers the estimator (idempotent). It must happen in the
 process that computes advantages: verl's TaskRunner is a Ray actor, so import it there through
 ``VERL_USE_EXTERNAL_MODULES=recipe.nemo_gym.advantage`` (verl imports those modules in every process
@@ -36,6 +45,7 @@ that imports verl) or a ``verl.plugins`` entry point.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -49,6 +59,8 @@ MASKED_GRPO = "masked_grpo"
 DEFAULT_EPSILON = 1e-6
 EPSILON_KEY = "masked_grpo_epsilon"
 NORM_BY_STD_KEY = "norm_adv_by_std_in_grpo"
+SESSION_KEYS: ContextVar[Sequence[str] | None] = ContextVar("ngv_session_keys", default=None)
+"""The batch's ``{uid}_{session}_{i}`` keys, row by row, while verl's v1 trainer computes advantages (module doc)."""
 
 
 def compute_masked_grpo_outcome_advantage(
@@ -73,11 +85,54 @@ def compute_masked_grpo_outcome_advantage(
 
     Returns:
         ``(advantages, returns)``, both ``(bs, response_length)`` and equal, zero on masked tokens, on
-        masked samples and on groups with fewer than two valid samples.
+        masked samples and on groups with fewer than two valid samples. With :data:`SESSION_KEYS` naming several
+        rows of one session: computed over one row per session (the module docstring).
     """
     eps, norm_by_std = _resolve_options(epsilon, norm_adv_by_std_in_grpo, config)
     _check_shapes(token_level_rewards, response_mask, index)
+    keys = SESSION_KEYS.get()
+    if keys is not None and len(keys) == len(index):
+        sessions = session_rows(keys, (response_mask.sum(dim=-1) > 0).tolist())
+        if sessions is not None:
+            session_of, reps = sessions
+            rep_adv, _ = _masked_grpo(
+                token_level_rewards[reps], response_mask[reps], [index[r] for r in reps], eps, norm_by_std
+            )
+            first = response_mask[reps].argmax(dim=-1)  # a masked representative's advantage is 0 everywhere
+            scalar = rep_adv[torch.arange(len(reps)), first]
+            advantages = scalar[torch.as_tensor(session_of, device=scalar.device)].unsqueeze(-1) * response_mask
+            return advantages, advantages
+    return _masked_grpo(token_level_rewards, response_mask, index, eps, norm_by_std)
 
+
+def session_rows(keys: Sequence[str], valid: Sequence[bool]) -> tuple[list[int], list[int]] | None:
+    """For batch ``keys`` (``{uid}_{session}_{i}``): each row's session number and, per session, the row that stands
+    for it (its last valid sample by ``i``, else its last sample); None when every session has one row."""
+    numbers: dict[str, int] = {}
+    session_of: list[int] = []
+    best: list[tuple[bool, int, int]] = []  # per session: (valid, i, row), the max wins
+    for row, key in enumerate(keys):
+        session, _, i = key.rpartition("_")
+        s = numbers.setdefault(session, len(numbers))
+        candidate = (bool(valid[row]), int(i), row)
+        if s == len(best):
+            best.append(candidate)
+        elif candidate > best[s]:
+            best[s] = candidate
+        session_of.append(s)
+    if len(best) == len(keys):
+        return None
+    return session_of, [row for _, _, row in best]
+
+
+def _masked_grpo(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | Sequence[Any],
+    eps: float,
+    norm_by_std: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked GRPO over the rows' ``index`` groups (the module docstring's rules)."""
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         dtype = scores.dtype

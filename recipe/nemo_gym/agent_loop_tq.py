@@ -17,7 +17,11 @@ Start-up and shutdown are :class:`~recipe.nemo_gym.manager_base.GymManagerBase`'
   (``RolloutCore.run_step``'s ``on_row``): key ``{uid}_{session}_0``, the unpadded tensors of
   :func:`nemo_gym_adapter.rollouts.samples.sample_tensors` (from the same ``Trajectory`` the legacy path pads) plus the
   prompt's own columns, as verl's ``_agent_loop_postprocess`` writes them; tags ``status``, ``prompt_len``,
-  ``response_len``, ``seq_len``, ``global_steps``, ``min_global_steps``/``max_global_steps``.
+  ``response_len``, ``seq_len``, ``global_steps``, ``min_global_steps``/``max_global_steps``. A rollout split into
+  segments (``nemo_gym.trajectory.contiguity: split``) is put as ``{uid}_{session}_{i}``, one key per segment, as
+  verl's own agent loops put several outputs of one session; the session stays one member of its GRPO group
+  (``recipe.nemo_gym.advantage``: masked GRPO over sessions). Validation puts one sample per rollout (its first
+  segment), so verl's validation means stay per rollout.
 * The uid's terminal status is published once all its ``n`` samples settled: ``finished``; ``failure`` only when
   this adapter itself failed (a put raised, a bug), as verl does when an agent loop raises.
 
@@ -119,10 +123,12 @@ def sample_record(
     *,
     pad_token_id: int,
     versions: tuple[int, int],
+    output_index: int = 0,
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """``(key, fields, tags)`` of one sample, as verl's ``AgentLoopWorkerTQ._agent_loop_postprocess`` writes them:
     the sample's tensors, ``num_turns`` and ``extra_fields`` (weight versions, Gym's outcome), then the prompt's own
-    columns and ``session_id``. ``versions`` = (min, max) weight version the sample was generated with."""
+    columns and ``session_id``. ``versions`` = (min, max) weight version the sample was generated with;
+    ``output_index``: the sample's place among its session's outputs (a split rollout's segment)."""
     s = sample_tensors(trajectory, pad_token_id=pad_token_id)
     low, high = versions
     fields: dict[str, Any] = {
@@ -150,14 +156,14 @@ def sample_record(
         "min_global_steps": low,
         "max_global_steps": high,
     }
-    return f"{prompt['uid']}_{session_id}_0", fields, tags
+    return f"{prompt['uid']}_{session_id}_{output_index}", fields, tags
 
 
 @dataclass
 class RolloutWindow:
     """The rollouts finished since the last drain (one per partition), for the step's metrics."""
 
-    trajectories: list[Trajectory] = field(default_factory=list)
+    trajectories: list[Trajectory | tuple[Trajectory, ...]] = field(default_factory=list)  # one per rollout
     first_dispatch: float | None = None
     last_done: float | None = None
     build_s: float = 0.0  # summed: building each sample's record (event-loop time, never overlapping)
@@ -301,20 +307,22 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
             i, session = slots[row.index]
             latest = await self._read_versions_async()
             t0 = time.perf_counter()
-            key, fields, tags = sample_record(
-                groups[i][0],
-                session,
-                row.trajectory,
-                pad_token_id=self.pad_token_id,
-                versions=(dispatched_version, max(latest[1], dispatched_version)),
-            )
-            record = list_of_dict_to_tensordict([fields])
+            versions = (dispatched_version, max(latest[1], dispatched_version))
+            samples = (row.trajectory,) if validate else row.samples
+            records = [
+                sample_record(
+                    groups[i][0], session, t, pad_token_id=self.pad_token_id, versions=versions, output_index=k
+                )
+                for k, t in enumerate(samples)
+            ]
+            keys, fields, tags = (list(column) for column in zip(*records, strict=True))
+            record = list_of_dict_to_tensordict(fields)
             t1 = time.perf_counter()
-            await tq.async_kv_batch_put(keys=[key], fields=record, tags=[tags], partition_id=partition)
+            await tq.async_kv_batch_put(keys=keys, fields=record, tags=tags, partition_id=partition)
             now = time.perf_counter()
             with self._lock:
                 window = self._windows[partition]
-                window.trajectories.append(row.trajectory)
+                window.trajectories.append(row.segments or row.trajectory)
                 window.build_s += t1 - t0
                 window.put_s += now - t1
                 window.last_done = now

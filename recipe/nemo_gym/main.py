@@ -7,8 +7,9 @@
 The configs (``configs/``) compose verl's own ``ppo_trainer`` config with our ``nemo_gym:`` section; every verl key
 can be overridden as usual. The run, in order:
 
-1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``), before any heavy
-   import: a config error answers in about a second, naming the dotted key, the bad value and the fix (exit 2);
+1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``) and every data row
+   (:func:`check_rows`), before any heavy import: a config or row error answers in about a second, naming the dotted
+   key, the bad value and the fix, or ``file:line`` (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
    where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.resolvers``)
    are registered;
@@ -18,7 +19,12 @@ can be overridden as usual. The run, in order:
    ``recipe.nemo_gym.agent_loop``): verl starts Ray, the actor workers and the vLLM replicas; our manager patches the
    replicas, starts Gym in front of them and serves every ``generate_sequences``;
 4. always: sweep Gym's processes (and its Ray head's) by the pid files left while they run (in case the TaskRunner was
-   killed outright) and shut Ray down. SIGTERM takes the same path.
+   killed outright) and shut Ray down. SIGTERM takes the same path, then ends the process with SIGTERM's own status
+   (143) once everything is stopped (:func:`_reinstall_after_ray_init` says why that takes care).
+
+Before step 2, whatever a trainer on this node that died outright (its watchdog too) left is stopped
+(``reaper.sweep_orphans``); the TaskRunner's own watchdog (``reaper.start_watchdog``, started with Gym's Ray head)
+covers this run should the driver be SIGKILLed.
 """
 
 from __future__ import annotations
@@ -35,19 +41,15 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_gym_adapter import paths
+from nemo_gym_adapter import paths, reaper
 from nemo_gym_adapter.config import load_config
-from nemo_gym_adapter.errors import AdapterConfigError, SetupError
-from nemo_gym_adapter.gym import ray_head, warm
+from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, SetupError
 from recipe.nemo_gym.resolvers import register_resolvers
 
 logger = logging.getLogger(__name__)
 
 CONFIG_DIR = str(paths.REPO_ROOT / "configs")
 DEFAULT_CONFIG = "nemo_gym_cpu"
-PID_FILE = "gym.pid"  # = recipe.nemo_gym.manager_base.PID_FILE (not imported: that module imports verl)
-RAY_PID_FILE = ray_head.PID_FILE  # Gym's Ray head started early
-WARM_PID_FILE = warm.PID_FILE  # a warm Gym launcher still waiting for its launch
 
 # Hydra composes the config before calling main(); the resolvers must exist by the time anything reads it.
 register_resolvers()
@@ -58,15 +60,21 @@ def run(cfg: DictConfig) -> int:
     config, a ``SetupError`` from the TaskRunner's start-up checks, printed as one message)."""
     try:
         load_config(cfg)
-    except AdapterConfigError as e:
+        check_rows(cfg)
+    except (AdapterConfigError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    swept = reaper.sweep_orphans()  # before this run starts anything of its own
+    if swept:
+        logger.warning("stopped %d process(es) a trainer that died on this node left behind: %s", len(swept), swept)
     run_dir = _prepare_run_dir(cfg)
     metrics_path = _file_logger_path(cfg, run_dir)
     _quiet_console(cfg)
     _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
     OmegaConf.resolve(cfg)  # our resolvers exist only in this process; verl's TaskRunner gets plain values
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    _TERMINATED.clear()
+    _reinstall_after_ray_init(_exit_on_sigterm)
     try:
         from verl.trainer.main_ppo import run_ppo
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -85,7 +93,22 @@ def run(cfg: DictConfig) -> int:
         signal.signal(signal.SIGTERM, previous)
         sweep_gym(run_dir)
         _shutdown_ray()
+        if _TERMINATED:  # everything is stopped: now end as a SIGTERMed process does (status 143; Popen: -15)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
     return 0
+
+
+def check_rows(cfg: DictConfig) -> None:
+    """Every row of ``data.train_files`` and ``data.val_files`` against Gym's row contract, before anything starts
+    (``DatasetError`` naming ``file:line``); verl's dataset then loads them from the validated-rows cache."""
+    from nemo_gym_adapter.data.dataset import load_for_config
+
+    for key in ("train_files", "val_files"):
+        files = OmegaConf.select(cfg, f"data.{key}", default=None)
+        if files:
+            paths = OmegaConf.to_container(files) if OmegaConf.is_config(files) else files
+            load_for_config(paths, cfg.data, check_only=True)
 
 
 def task_runner_class(cfg: DictConfig) -> Any:
@@ -183,24 +206,58 @@ def _apply_runtime_env(cfg: DictConfig) -> None:
         os.environ[str(key)] = str(value)
 
 
+_TERMINATED: list[int] = []  # the signal that ended this run; run() re-raises it once everything is stopped
+_HOOK_NAME = "ngv_reinstall_sigterm_handler"
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through run()'s finally: Gym swept, Ray shut down
+    _TERMINATED.append(signum)
+    # Unwinds through run()'s finally: Gym swept, Ray shut down. Raised inside ray.get, Ray turns it into
+    # SystemExit(1) (ray/_raylet.pyx raise_sys_exit_with_custom_error_message): the flag keeps what happened.
+    raise SystemExit(128 + signum)
+
+
+def _reinstall_after_ray_init(handler: Any) -> None:
+    """Put ``handler`` back as the SIGTERM handler once ``ray.init`` (inside verl's ``run_ppo``) has replaced it.
+
+    Why: ``ray.init`` installs Ray's own Python SIGTERM handler and, in the core worker, absl's failure-signal
+    handler (it logs ``*** SIGTERM received at time=...``), which arms ``alarm(3)`` with an immediate-abort SIGALRM
+    handler before it passes the signal on. Our shutdown after a SIGTERM -- sweep Gym, stop Ray -- takes longer
+    than 3 s, so it was cut off by ``abort()`` wherever it was: exit status 134, read as a crash. A Python handler
+    installed after ``ray.init`` replaces both (no alarm). Where: Ray's own list of post-init hooks (Ray 2.4x-2.60,
+    used by Ray Tune and Serve; private), run by ``ray.init`` in its caller's thread -- the main thread here;
+    replaced, not appended twice, when ``run`` runs again in one process. Without that list: a warning, and a
+    SIGTERM may end with 134 again."""
+    try:
+        import ray._private.worker as ray_worker
+    except ImportError:
+        return
+    hooks = getattr(ray_worker, "_post_init_hooks", None)
+    if not isinstance(hooks, list):
+        logger.warning("Ray has no _post_init_hooks: a SIGTERM may end with status 134 (absl's abort alarm)")
+        return
+
+    def reinstall() -> None:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+
+    reinstall.__qualname__ = _HOOK_NAME
+    hooks[:] = [h for h in hooks if getattr(h, "__qualname__", "") != _HOOK_NAME] + [reinstall]
 
 
 def sweep_gym(run_dir: Path | None) -> list[int]:
-    """Stop whatever Gym processes the manager recorded and did not stop itself -- Gym (``gym.pid``), its Ray head
-    (``gym_ray.pid``, ``nemo_gym_adapter.gym.ray_head``) and a warm launcher (``gym_warm.pid``) --; return the pids
-    stopped.
+    """Stop whatever Gym processes were recorded under ``run_dir`` and not stopped -- Gym (``gym.pid``), its Ray head
+    (``gym_ray.pid``), a warm launcher (``gym_warm.pid``), a relaunch's or restart's own records --; return the pids
+    stopped (``reaper.sweep_run_dir``).
 
-    The manager removes a pid file when it stops what it names, so normally there is nothing to do. Pids are checked
-    against the recorded session ids, never matched by name.
+    Whoever stops what a record names removes the record, so normally there is nothing to do. Pids are checked
+    against the recorded sessions and start times, never matched by name.
     """
     if run_dir is None:
         return []
-    from nemo_gym_adapter.procs import sweep_pid_record
-
-    records = (PID_FILE, RAY_PID_FILE, WARM_PID_FILE)
-    return sorted(p for name in records for p in sweep_pid_record(run_dir / name, "Gym"))
+    return reaper.sweep_run_dir(run_dir, "Gym")
 
 
 def _shutdown_ray() -> None:

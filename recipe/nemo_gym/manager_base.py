@@ -39,6 +39,7 @@ from typing import Any
 import ray
 from verl.utils.ray_utils import auto_await
 
+from nemo_gym_adapter import reaper
 from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
 from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym.addresses import (
@@ -47,15 +48,15 @@ from nemo_gym_adapter.gym.addresses import (
     check_policy_urls,
     check_replica_endpoints,
     choose_gym_host,
+    policy_urls,
     replica_endpoints,
 )
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.gym.ray_head import GymRayHead, claim_early_head, start_head_for, wants_head
-from nemo_gym_adapter.gym.servers import GymServers
+from nemo_gym_adapter.gym.servers import PID_FILE, GymServers
 from nemo_gym_adapter.gym.warm import WarmLauncher, claim_early_warm, start_warm_for, wants_warm
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
-from nemo_gym_adapter.procs import write_pid_record
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig
 from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
@@ -63,8 +64,6 @@ from nemo_gym_adapter.rollouts.validation import ValidationPass
 from recipe.nemo_gym.backends import ENGINES, Engine, engine_named
 
 logger = logging.getLogger(__name__)
-
-PID_FILE = "gym.pid"
 
 
 class GymManagerBase:
@@ -139,9 +138,11 @@ class GymManagerBase:
         self.pad_token_id, self.probe_ids = tokenizer_ids(self.model_config, self.recipe.model_path)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
+        routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len)
+        trajectory.check_envs(routes.agents)
         self.core = RolloutCore(
-            self.gym.routes(),
-            trajectory_config(self.recipe, self.max_model_len),
+            routes,
+            trajectory,
             client_config(self.recipe.gym),
             success_threshold=self.recipe.gym.metrics.success_threshold,
             liveness=Liveness.for_gym(self.gym, liveness_config(self.recipe.gym)),
@@ -180,7 +181,7 @@ class GymManagerBase:
                 ",".join(urls),
             )
             attached = GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
-            check_policy_urls(attached.global_config().get("policy_base_url"), urls, gym.head_url)
+            check_policy_urls(policy_urls(attached.global_config()), urls, gym.head_url)
             return attached
         node_ip = ray.util.get_node_ip_address()
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
@@ -338,6 +339,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
         config_paths.append(TRAINING_MODEL_CONFIG)
     optional = {
         "head_port": gym.head_port,
+        "port_range": gym.port_range,
         "gym_venv": gym.gym_venv,
         "run_dir": gym.run_dir,
         "ray_head_node_address": gym.external_ray_head,  # a Ray head someone else runs
@@ -353,6 +355,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
             "hydra_overrides": gym.hydra_overrides,
             "env": gym.env,
             "startup_timeout_s": gym.startup_timeout_s,
+            "port_retries": gym.port_retries,
             **{k: v for k, v in optional.items() if v is not None},
         },
         prefix="nemo_gym",
@@ -367,6 +370,7 @@ def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> Trajec
         max_model_len=max_model_len,
         contiguity=recipe.gym.trajectory.contiguity,
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
+        verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
         key_prefix="nemo_gym.trajectory",
     )
 
@@ -391,10 +395,12 @@ def liveness_config(gym: NemoGymConfig) -> LivenessConfig:
 
 def write_pid_file(gym: GymServers) -> None:
     """``<run_dir>/gym.pid``: the launcher leads its own session, whose id finds Gym's processes even after they
-    are re-parented (``recipe.nemo_gym.main.sweep_gym`` reads it)."""
+    are re-parented (``recipe.nemo_gym.main.sweep_gym`` reads it), and a watchdog that sweeps it should this
+    process be killed outright (``reaper.start_watchdog``; once per run dir)."""
     pids = gym.pids()
     if gym.run_dir is not None and pids:
-        write_pid_record(gym.run_dir / PID_FILE, pids)
+        reaper.write_pid_record(gym.run_dir / PID_FILE, pids)
+        reaper.start_watchdog(gym.run_dir)
 
 
 def stop_gym(gym: GymServers) -> None:

@@ -20,7 +20,9 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    - after verl's ``_validate``, the manager's per-environment validation metrics and Gym's ``/aggregate_metrics``
      (``pop_validation_metrics``: the legacy trainer's ``nemo_gym_adapter.rollouts.validation.ValidationPass``);
    - with ``nemo_gym.env_weights`` the training dataloader samples with the legacy trainer's
-     ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``).
+     ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``);
+   - ``masked_grpo`` sees the batch's ``{uid}_{session}_{i}`` keys (``advantage.SESSION_KEYS``), so a rollout split
+     into several samples (``nemo_gym.trajectory.contiguity: split``) counts once in its group (``_compute_advantage``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
 4. Gym's Ray head (``nemo_gym.ray_head: early``) starts before ``tq.init`` and verl's workers, so it is up by the
    time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
@@ -48,9 +50,8 @@ from typing import Any
 import ray
 from omegaconf import OmegaConf
 
-import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
 from nemo_gym_adapter.gym.early import early_gym_servers
-from recipe.nemo_gym import rollout_correction
+from recipe.nemo_gym import advantage, rollout_correction  # importing advantage registers masked_grpo here
 from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -116,6 +117,13 @@ class NemoGymTrainerMixin:
         if pop is not None and isinstance(result, dict):
             result.update(pop())
         return result
+
+    def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        token = advantage.SESSION_KEYS.set(list(batch.keys))
+        try:
+            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+        finally:
+            advantage.SESSION_KEYS.reset(token)
 
     def fit(self, agent_loop_manager: Any) -> Any:
         rollout_correction.install()

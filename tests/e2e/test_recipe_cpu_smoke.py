@@ -202,7 +202,8 @@ def test_driver_sweeps_a_gym_left_behind_by_a_killed_task_runner(tmp_path):
     """If the TaskRunner dies without stopping Gym, the driver's sweep stops Gym's session from the pid file."""
     import json
 
-    from recipe.nemo_gym.main import PID_FILE, sweep_gym
+    from nemo_gym_adapter.gym.servers import PID_FILE
+    from recipe.nemo_gym.main import sweep_gym
 
     # A stand-in for Gym's launcher: a session leader with a child (Ray helpers keep the session id).
     leader = subprocess.Popen(

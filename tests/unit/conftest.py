@@ -1,4 +1,4 @@
-"""Unit-tier fixtures: an empty datasets cache per test, fake Gym servers (``tests/support/fake_gym.py``), a fake
+"""Unit-tier fixtures: an empty datasets cache per test, no watchdog processes, fake Gym servers (``tests/support/fake_gym.py``), a fake
 Gym venv (``tests/support/fake_gym_venv.py``), and the tiny families' tokenizers for the splice/edit-check tests."""
 
 from __future__ import annotations
@@ -34,6 +34,19 @@ def light_warm_launchers(monkeypatch):
     from nemo_gym_adapter.gym import warm as gym_warm
 
     monkeypatch.setattr(gym_warm, "PRELOAD", ("json",))
+
+
+@pytest.fixture(autouse=True)
+def watchdog_requests(monkeypatch, tmp_path_factory) -> list[Path]:
+    """The unit tier starts no watchdog process in its own process (``reaper.start_watchdog``: one would live as long
+    as pytest): the run dirs asked for are recorded here instead. The node's registry of trainers is a private one
+    (``NGV_STATE_DIR``), for subprocesses too (``tests/unit/test_reaper.py`` starts real watchdogs there)."""
+    from nemo_gym_adapter import reaper
+
+    requested: list[Path] = []
+    monkeypatch.setattr(reaper, "start_watchdog", lambda run_dir, owner_pid=None: requested.append(run_dir))
+    monkeypatch.setenv("NGV_STATE_DIR", str(tmp_path_factory.mktemp("ngv_state")))
+    return requested
 
 
 @pytest.fixture(autouse=True)

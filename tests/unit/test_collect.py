@@ -4,6 +4,7 @@ fake Gym (a fake head server to attach to, a fake environment server answering G
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,7 @@ def test_defaults_collect_the_bundled_example_with_the_demo_model():
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--response-length", "0"], "--response-length must be >= 1"),
         (["--data", "/nonexistent.jsonl"], "no such file"),
+        (["--env", "x", "--agent", "a"], "--agent names the agent for --data rows"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_flag(argv, says, capsys):
@@ -78,3 +80,24 @@ def test_a_run_against_an_attached_gym_writes_jsonl_and_the_summary(fake_server,
     assert sorted(r["index"] for r in lines) == [0, 1, 2, 3]
     assert {r["env"]: r["masked_reason"] for r in lines} == {"agent_a": None, "ghost": "unroutable"}
     assert all(r["result"]["reward"] == 1.0 for r in lines if r["env"] == "agent_a")
+
+
+def test_data_rows_without_routing_go_to_agent_else_to_the_one_envs_agent(tmp_path):
+    from nemo_gym_adapter.collect import row_files
+    from nemo_gym_adapter.gym.catalogue import BundledEnv
+
+    env = BundledEnv("e", "resources_servers/e/configs/e.yaml", "e_agent", "simple_agent", tmp_path / "x.jsonl")
+    assert row_files(parse_args(["--data", __file__]), [env], tmp_path) == [(Path(__file__), "e_agent")]
+    mine = parse_args(["--data", __file__, "--agent", "mine"])
+    assert row_files(mine, [env], tmp_path) == [(Path(__file__), "mine")]
+    assert row_files(parse_args(["--data", __file__]), [env, env], tmp_path) == [(Path(__file__), None)]
+
+
+def test_a_bad_row_stops_collect_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from nemo_gym_adapter import collect
+
+    bad = tmp_path / "rows.jsonl"
+    bad.write_text('{"responses_create_params": {"input": "q"}, "agent_ref": "a"}\n{"responses_create_params": 1}\n')
+    monkeypatch.setattr(collect, "start_gym", lambda *a: pytest.fail("Gym started before the rows were checked"))
+    assert main(["--config-path", "mine.yaml", "--data", str(bad), "--no-progress"]) == 1
+    assert f"{bad}:2" in capsys.readouterr().err

@@ -82,7 +82,16 @@ def test_omegaconf_input_is_accepted(cfg):
             "nemo_gym.trajectory.contiguity",
             "mask",
         ),
+        (
+            {"config_paths": [GYM_CONFIG], "trajectory": {"verifier_errors": {"grl_sokoban": "zero"}}},
+            "nemo_gym.trajectory.verifier_errors.grl_sokoban='zero'",
+            "'mask' or 'reward0'",
+        ),
         ({"config_paths": [GYM_CONFIG], "head_port": 70000}, "nemo_gym.head_port=70000", "65535"),
+        ({"config_paths": [GYM_CONFIG], "port_range": [30000, 20000]}, "nemo_gym.port_range", "low < high"),
+        ({"config_paths": [GYM_CONFIG], "port_range": [80, 2000]}, "nemo_gym.port_range", "1024 <= low"),
+        ({"config_paths": [GYM_CONFIG], "port_range": [20000]}, "nemo_gym.port_range.1", "Field required"),
+        ({"config_paths": [GYM_CONFIG], "port_retries": -1}, "nemo_gym.port_retries=-1", "greater than or equal"),
         (
             {"config_paths": [GYM_CONFIG], "assistant_edits": "keep"},
             "nemo_gym.assistant_edits='keep'",
@@ -173,3 +182,17 @@ def test_sglang_is_a_rollout_engine_with_its_tokenizer_on(cfg):
     rollout["name"] = "vllm"  # the SGLang rules are SGLang's only
     rollout["skip_tokenizer_init"] = True
     assert load_config(cfg).rollout_name == "vllm"
+
+
+def test_split_needs_the_v1_trainer(cfg):
+    """``contiguity: split`` puts several samples per rollout, which only verl's v1 trainer takes (issue 19)."""
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "split"}
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    cfg["trainer"]["use_v1"] = True
+    assert load_config(cfg).gym.trajectory.contiguity == "split"
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS
+    cfg["trainer"]["use_v1"] = False
+    message = _error(cfg)
+    assert "nemo_gym.trajectory.contiguity='split'" in message and "trainer.use_v1=true" in message, message
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "truncate"}
+    load_config(cfg)

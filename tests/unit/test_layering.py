@@ -21,6 +21,7 @@ PLUMBING = {
     "errors",
     "paths",
     "procs",
+    "reaper",
     "loop_thread",
     "progress",
     "policy",

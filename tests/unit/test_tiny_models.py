@@ -72,7 +72,7 @@ def test_concurrent_builds_in_other_processes_are_byte_identical(fresh_root, tmp
     # Two interpreters (different hash seeds) race to build every family into one empty root: both must
     # return the same complete directories, no temporary directory may remain, and the published bytes
     # must equal this process's own build.
-    cmd = [sys.executable, "-m", "nemo_gym_adapter.demo_models.tiny_models", "--root", str(tmp_path)]
+    cmd = [sys.executable, "-m", "nemo_gym_adapter.demo_models", "--root", str(tmp_path)]
     procs = [
         subprocess.Popen(
             cmd,

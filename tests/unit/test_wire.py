@@ -39,7 +39,6 @@ def test_models_are_frozen():
     ("item", "message"),
     [
         ({"type": "message", "prompt_token_ids": [1]}, "must come together"),
-        ({**IDS, "generation_log_probs": []}, "generation_token_ids has 1 ids but generation_log_probs has 0"),
         ({**IDS, "prompt_token_ids": ["1"]}, "response.output[0].prompt_token_ids[0]"),
         ({**IDS, "prompt_token_ids": [1.5]}, "valid integer"),
         # The fast path (one pass over the element types) must reject what StrictInt rejects, at the same path.
@@ -127,3 +126,15 @@ def test_token_fields_fast_and_slow_paths_give_the_same_values(as_json):
         assert call.generation_log_probs == [float(x) for x in item["generation_log_probs"]]
         assert all(type(x) is float for x in call.generation_log_probs)
         assert all(type(x) is int for x in call.prompt_token_ids + call.generation_token_ids)
+
+
+@pytest.mark.parametrize("log_probs", [None, [], [-0.5, -0.5]])
+def test_ids_without_one_log_prob_each_parse_and_are_listed(log_probs):
+    """Issue 19: a model call with ids but without (one per token) log-probs is a trainable turn missing them, for
+    the trajectory to mask ``missing_log_probs``, not an unparseable result."""
+    item = {"type": "message", "prompt_token_ids": [1, 2], "generation_token_ids": [3]}
+    if log_probs is not None:
+        item["generation_log_probs"] = log_probs
+    r = parse_run_result(_result([item, {"type": "message", **IDS}]))
+    assert r.calls_without_log_probs() == [0]
+    assert [i for i, _ in r.model_calls()] == [0, 1]

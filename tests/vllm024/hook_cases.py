@@ -12,7 +12,11 @@ The cases are those the 0.31 hook passes (tests/unit/vllm/test_patch.py, tests/i
 the unpatched control, the exact history on every turn of a tool-call conversation for three template families,
 ``/tokenize`` and ``/v1/chat/completions/render`` agreeing, the output-budget clamp, vLLM's context-length 400,
 alignment and in-place-edit 400s, the ``assistant_edits`` policy, ``required_prefix_token_ids``, fast and slow
-prefix renders; the abort guard (``vllm_abort``) on both paths Gym calls, with the stock control.
+prefix renders; the abort guard (``vllm_abort``) on both paths Gym calls, with the stock control. Issue 19's
+request classes where they apply to 0.24 (tests/unit/vllm/test_request_limits.py, tests/integration/vllm/
+test_server.py on 0.31): ``required_prefix_token_ids`` without an assistant message, the budget
+clamped on turn 1 and on ``/v1/completions``, ``top_logprobs: null`` refused, NeMo RL's token fields on the message;
+stock 0.24's answers to the same requests as the control.
 """
 
 from __future__ import annotations
@@ -87,7 +91,12 @@ class ScriptedEngine:
         text = self.script.pop(0) if self.script else "Skinny"
         ids = piecewise(tok, text) + [tok.convert_tokens_to_ids(TERMINATOR[self.family])]
         ids = ids[: sampling_params.max_tokens]
-        out = CompletionOutput(0, text, ids, None, None, finish_reason=self.finish_reason)
+        logprobs = None
+        if sampling_params.logprobs is not None:  # the sampled token's log-prob only (top_logprobs: 0)
+            from vllm.logprobs import Logprob
+
+            logprobs = [{t: Logprob(-0.25 - i / 8, 1, tok.decode([t]))} for i, t in enumerate(ids)]
+        out = CompletionOutput(0, text, ids, None, logprobs, finish_reason=self.finish_reason)
         yield RequestOutput(request_id, None, list(prompt["prompt_token_ids"]), None, [out], finished=True)
 
 
@@ -181,11 +190,17 @@ def patched(vllm024, monkeypatch):
 
 @pytest.fixture
 def unpatched(vllm024, monkeypatch):
-    """Stock vLLM 0.24 for the duration of a test (the original method back in place if the patch is installed)."""
+    """Stock vLLM 0.24 for the duration of a test (the original methods back in place if the patch is installed)."""
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
     from vllm.entrypoints.serve.render.serving import OpenAIServingRender
 
-    current = OpenAIServingRender.preprocess_chat
-    monkeypatch.setattr(OpenAIServingRender, "preprocess_chat", getattr(current, vllm_hooks.SENTINEL, current))
+    from nemo_gym_adapter.vllm.abort import GUARD_SENTINEL
+
+    for name in ("preprocess_chat", "preprocess_completion"):
+        current = getattr(OpenAIServingRender, name)
+        monkeypatch.setattr(OpenAIServingRender, name, getattr(current, vllm_hooks.SENTINEL, current))
+    current = OpenAIServingChat.chat_completion_full_generator
+    monkeypatch.setattr(OpenAIServingChat, "chat_completion_full_generator", getattr(current, GUARD_SENTINEL, current))
 
 
 # -------------------------------------------------------------------------------------- the conversation
@@ -499,3 +514,82 @@ def test_an_aborted_generation_is_a_503_when_patched_and_a_cut_200_when_stock(se
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "abort" and (choice.get("text") or choice["message"]["content"]) == "Skinny"
+
+
+# ------------------------------------------------------------------------- issue 19: NeMo RL's server request classes
+
+
+def test_required_prefix_without_an_assistant_message(servers, patched):
+    """NeMo RL's merged-tokens case: a user-only conversation and a required prefix that ends inside the user
+    message, spelling ' Skinny' in two tokens where the template writes one."""
+    server = servers("qwen25")
+    tok = server.tokenizer
+    messages = [{"role": "user", "content": " Skinny"}]
+    full = server.tokenize(messages, add_generation_prompt=True)
+    (one,) = tok.encode(" Skinny", add_special_tokens=False)
+    two = tok.encode(" S", add_special_tokens=False) + tok.encode("kinny", add_special_tokens=False)
+    assert len(two) == 2 and tok.decode(two) == " Skinny"
+    at = full.index(one)
+    prefix = full[:at] + two
+    expected = prefix + full[at + 1 :]
+    assert server.tokenize(messages, add_generation_prompt=True, required_prefix_token_ids=prefix) == expected
+    r = server.chat(messages, max_tokens=2, required_prefix_token_ids=prefix)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_token_ids"] == expected
+    # a prefix that does not spell the conversation (an edited word) is refused
+    bad = full[:at] + tok.encode(" Slim", add_special_tokens=False)
+    r = server.chat(messages, max_tokens=2, required_prefix_token_ids=bad)
+    assert r.status_code == 400 and "required_prefix_token_ids" in r.text, r.text
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_turn_one_budget_is_clamped_without_ids(servers, patched, field):
+    server = servers("qwen25")
+    r = server.chat([{"role": "user", "content": "hi"}], **{field: 10 * MAX_MODEL_LEN})
+    assert r.status_code == 200, r.text
+    (_, params) = server.engine.calls[-1]
+    assert params.max_tokens == MAX_MODEL_LEN - len(r.json()["prompt_token_ids"])
+
+
+def test_completions_budget_is_clamped(servers, patched):
+    server = servers("qwen25")
+    r = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 10 * MAX_MODEL_LEN})
+    assert r.status_code == 200, r.text
+    (prompt, params) = server.engine.calls[-1]
+    assert params.max_tokens == MAX_MODEL_LEN - len(prompt["prompt_token_ids"])
+
+
+def test_top_logprobs_null_is_a_400_naming_it(servers, patched):
+    server = servers("qwen25")
+    r = server.chat([{"role": "user", "content": "hi"}], max_tokens=2, logprobs=True, top_logprobs=None)
+    assert r.status_code == 400 and "top_logprobs" in r.json()["error"]["message"], r.text
+
+
+def test_token_fields_on_the_message_as_nemo_rl_serves_them(servers, patched):
+    server = servers("qwen25")
+    r = server.chat([{"role": "user", "content": "hi"}], max_tokens=3, logprobs=True, top_logprobs=0)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    message, choice = data["choices"][0]["message"], data["choices"][0]
+    assert message["prompt_token_ids"] == data["prompt_token_ids"]
+    assert message["generation_token_ids"] == choice["token_ids"]
+    assert message["generation_log_probs"] == [e["logprob"] for e in choice["logprobs"]["content"]]
+    # without logprobs: no partial bundle (Gym refuses one)
+    r = server.chat([{"role": "user", "content": "hi"}], max_tokens=3)
+    assert not {"prompt_token_ids", "generation_token_ids", "generation_log_probs"} & set(
+        r.json()["choices"][0]["message"]
+    )
+
+
+def test_stock_0_24_answers_these_requests_the_way_issue_19_describes(servers, unpatched):
+    """The control of the issue-19 cases above: stock vLLM 0.24 refuses a turn-1 budget over the context, answers
+    ``top_logprobs: null`` with a 200 whose log-probs are missing, and puts no token fields on the message."""
+    server = servers("qwen25")
+    hi = [{"role": "user", "content": "hi"}]
+    assert server.chat(hi, max_tokens=10 * MAX_MODEL_LEN).status_code == 400
+    r = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 10 * MAX_MODEL_LEN})
+    assert r.status_code == 400, r.text
+    r = server.chat(hi, max_tokens=2, logprobs=True, top_logprobs=None)
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
+    r = server.chat(hi, max_tokens=3, logprobs=True, top_logprobs=0)
+    assert r.status_code == 200 and "generation_token_ids" not in r.json()["choices"][0]["message"], r.text

@@ -173,6 +173,9 @@ CHILD = textwrap.dedent(
     from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.gym.warm import WarmLauncher
     spec, mode = GymLaunchSpec.model_validate_json(sys.argv[1]), sys.argv[2]
+    if "--watchdog" in sys.argv:  # as the trainer's task runner does first (gym.early)
+        from nemo_gym_adapter import reaper
+        reaper.start_watchdog(spec.run_dir)
     if mode == "cold":  # Gym starts its own Ray cluster
         gym = GymServers.start(spec)
         print(json.dumps({"head_url": gym.head_url, "pids": sorted(gym.pids())}), flush=True)
@@ -243,6 +246,33 @@ def test_a_sigkilled_trainers_warm_launcher_exits_by_itself_and_the_driver_sweep
         pids = set(info["pids"]) | rec.seen
         assert wait_gone(pids, 15.0) == [], _cmdlines(alive_pids(pids))
         assert not (run_dir / "gym_warm.pid").exists() and not (run_dir / "gym_ray.pid").exists()
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_a_sigkilled_trainers_gym_ray_head_and_servers_are_stopped_by_its_watchdog(tmp_path):
+    """The trainer's default start (early Ray head, Gym launched by the warm launcher) in a process that set a watchdog
+    first, as the task runner does: after a SIGKILL of that process, nothing of Gym or its Ray head is left within a
+    bounded wait, without anyone sweeping (``nemo_gym_adapter.reaper``)."""
+    run_dir = tmp_path / "run"
+    spec = single_tool_call_spec([_dead_url()], "m", run_dir=run_dir, config_overrides=NO_MODEL_WAIT)
+    spec_json = spec.model_dump_json(exclude={"policy_api_key"})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, spec_json, "warm", "--watchdog"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        with PidRecorder() as rec:
+            info = json.loads(_readline(child, timeout=START_TIMEOUT_S))
+            assert (run_dir / "gym.pid").exists() and (run_dir / "gym_ray.pid").exists()
+            assert "raylet" in _cmdlines(info["pids"]) and "example_single_tool_call" in _cmdlines(info["pids"])
+            child.kill()
+            child.wait(timeout=30)
+            t0 = time.monotonic()
+            pids = set(info["pids"]) | rec.seen
+            assert wait_gone(pids, 60.0) == [], _cmdlines(alive_pids(pids))
+        print(f"everything of the SIGKILLed trainer's Gym gone {time.monotonic() - t0:.1f}s after the kill")
+        assert not list(run_dir.rglob("*.pid")) and "gone; stopped" in (run_dir / "reaper.log").read_text()
     finally:
         if child.poll() is None:
             child.kill()

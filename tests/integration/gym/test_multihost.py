@@ -24,6 +24,7 @@ import urllib.parse
 
 import pytest
 
+from nemo_gym_adapter.gym.addresses import policy_urls
 from nemo_gym_adapter.procs import alive as _alive
 from tests.support.gym_fixtures import (
     SINGLE_TOOL_CALL_AGENT,
@@ -186,7 +187,7 @@ def test_start_mode_replicas_on_their_own_hosts_patched_and_gym_on_loopback(bed,
         assert {ep.node_ip for ep in endpoints} == _replica_hosts(bed)
         assert all(ep.host == ep.node_ip for ep in endpoints), endpoints
         # What Gym received: one URL per replica, with that replica's own host.
-        sent = manager.gym.global_config()["policy_base_url"]
+        sent = policy_urls(manager.gym.global_config())  # policy_base_url + the policy's model server(s)
         assert sorted(sent) == sorted(ep.url for ep in endpoints)
         assert {urllib.parse.urlsplit(u).hostname for u in sent} == _replica_hosts(bed)
         # The patch reached every replica actor on every host: reports from each host, the live hook in each actor.

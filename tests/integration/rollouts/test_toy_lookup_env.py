@@ -10,7 +10,10 @@ What the multi-environment CPU demo relies on, checked here:
   turns each into a real tool call, and every rollout makes exactly two model calls (so a trajectory has two
   generated segments with the tool's output between them, spliced exactly: nothing masked);
 * the verifier is example_multi_step's: reward 1 iff the last ``extract_synonym_values`` call submits the row's
-  expected list; a random model's base rate leaves room to learn and is not zero.
+  expected list; a random model's base rate leaves room to learn and is not zero;
+* Gym 0.7's prefix supply (``vllm_model`` ``supply_prefix_token_ids: true``) with its built-in token-ID capture
+  (issue 19): every row comes back, contiguous, and Gym's own capture records say that the prefix was requested and
+  supplied on every continuation call; the records are retired by the rollout client once each row is done.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter.data.routing import GymRoutes
+from nemo_gym_adapter.gym.capture import ROLLOUT_ID_KEY
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym.servers import GymServers
 from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, VllmServer
@@ -104,3 +108,61 @@ def test_two_tool_calls_per_rollout_and_a_learnable_base_rate(lookup_step):
     base = sum(rewards) / len(rewards)
     print(f"toy_lookup base reward (tiny random qwen25, {len(rewards)} rollouts): {base:.3f}; {step.metrics}")
     assert 0.05 <= base <= 0.8
+
+
+# ------------------------------------------------------------------- Gym's prefix supply and token-ID capture
+
+
+def supply_overrides(capture_dir: Path) -> dict[str, Any]:
+    """Gym's built-in capture (file store + file lineage, all agents) and prefix supply on the policy model."""
+    capture = {"enabled": True, "all_agents": True, "dir": str(capture_dir)}
+    supply = {"responses_api_models": {"vllm_model": {"supply_prefix_token_ids": True}}}
+    return {"token_id_capture": capture, "policy_model": supply}
+
+
+def test_prefix_supply_on_every_continuation_call_with_gyms_capture(patched_vllm, tmp_path):
+    """Gym keys capture by the ``_ng_rollout_id`` the client stamps; without it no call is captured and no prefix
+    is ever supplied (Gym then treats every call as a root). Gym itself refuses a response whose generation-time
+    prompt ids do not start with the prefix it supplied (the row would fail), so every row back is the proof on
+    the wire; its capture records are the proof in its own words."""
+    from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+    from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RolloutCore
+    from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
+
+    capture = tmp_path / "capture"
+    rows = [json.loads(line) for line in (DATA / "toy_lookup.jsonl").read_text().splitlines() if line.strip()][:8]
+    spec = GymLaunchSpec(
+        config_paths=[str(REPO / "configs/gym/toy_lookup.yaml"), TRAINING_MODEL_CONFIG],
+        policy_base_url=[patched_vllm.base_url],
+        policy_model_name=patched_vllm.model_name,
+        config_overrides=supply_overrides(capture),
+    )
+    records: dict[int, list[dict[str, Any]]] = {}
+
+    def read_records(row) -> None:  # before the client retires them
+        (rollout_id,) = row.outcome.rollout_ids
+        path = capture / f"{rollout_id}.tokens.jsonl"
+        entries = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        records[row.index] = sorted(entries, key=lambda e: e["created_at"])
+        assert all(e["rollout_id"] == rollout_id for e in entries)
+
+    with GymServers.start(spec) as gym:
+        routes = gym.routes()
+        assert routes.capture_dir == str(capture)
+        config = TrajectoryConfig(prompt_length=1024, response_length=OVERRIDES["max_output_tokens"])
+        client = RolloutClientConfig(max_concurrency=8, timeout_s=600, progress=False)
+        with BlockingRolloutCore(RolloutCore(routes, config, client)) as core:
+            step = core.run_step(rows, [AGENT] * len(rows), OVERRIDES, on_row=read_records)
+    assert all(r.outcome.ok for r in step.rows), [r.outcome.failure for r in step.rows if not r.outcome.ok][:3]
+    assert not [(r.trajectory.masked_reason, r.trajectory.detail) for r in step.rows if r.trajectory.masked][:3]
+    assert step.metrics["gym/all/contiguity_rate"] == 1.0 and all(r.trajectory.num_turns == 2 for r in step.rows)
+    assert all(ROLLOUT_ID_KEY not in row for row in rows)  # the caller's rows are untouched
+    resolutions = [
+        [(e["parent_resolution"], e["prefix_requested"], e["prefix_supplied"]) for e in records[i]]
+        for i in range(len(rows))
+    ]
+    assert resolutions == [[("root", False, False), ("resolved", True, True)]] * len(rows), resolutions
+    for i, (root, continuation) in ((i, records[i]) for i in range(len(rows))):  # the prefix is the parent's ids
+        parent = root["prompt_token_ids"] + root["generation_token_ids"]
+        assert continuation["prompt_token_ids"][: len(parent)] == parent, i
+    assert not list(capture.glob("*.tokens.*")), sorted(p.name for p in capture.iterdir())  # retired

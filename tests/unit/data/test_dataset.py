@@ -31,7 +31,6 @@ CORPUS = {
     "typo_params_field.jsonl": (2, "'tool' (did you mean 'tools'?)", False),
     "params_not_object.jsonl": (1, "responses_create_params must be an object, got str", False),
     "missing_input.jsonl": (2, "responses_create_params.input is required", False),
-    "empty_input.jsonl": (3, "responses_create_params.input is an empty list", False),
     "input_bad_type.jsonl": (1, "input must be a string or a list, got int", False),
     "input_item_not_object.jsonl": (2, "responses_create_params.input[0] must be an object, got str", False),
     "tools_not_list.jsonl": (2, "responses_create_params.tools: Input should be a valid list", False),
@@ -47,7 +46,7 @@ CORPUS = {
     # what editors write: line numbers count CRLF and blank lines; columns count leading blanks, not the BOM
     "crlf_blank_lines_bad_json.jsonl": (5, "invalid JSON: Expecting ',' delimiter", False),
     "bom_crlf_missing_params.jsonl": (3, "missing required key 'responses_create_params'", False),
-    "no_final_newline_bad_row.jsonl": (3, "responses_create_params.input is an empty string", False),
+    "no_final_newline_bad_row.jsonl": (3, "input must be a string or a list, got int", False),
     "bom_bad_json_column.jsonl": (1, "invalid JSON: Expecting value (column 31)", False),
     "cr_only_line_ends.jsonl": (1, "bare carriage return: CR-only (classic Mac) line ends?", False),
     "utf16.jsonl": (1, "the file is UTF-16 LE (byte-order mark ff fe); Gym JSONL must be UTF-8", False),
@@ -315,3 +314,12 @@ def test_verls_sampler_and_resumable_dataloader_with_workers_see_every_row_once(
     resumed.load_state_dict(state)
     seen += [r["i"] for batch in resumed for r in batch["gym_row"]]
     assert sorted(seen) == list(range(12)) and seen != list(range(12))  # all rows once, shuffled
+
+
+def test_empty_input_is_gyms_contract_too(tmp_path):
+    # agents that build the dialogue from other row fields (Gym's scicode, toolsandbox examples) ship `input: []`
+    rows = load_gym_jsonl(
+        _write(tmp_path / "empty.jsonl", [{"responses_create_params": {"input": []}, "agent_ref": "scicode_agent"},
+                                          {"responses_create_params": {"input": ""}, "agent_ref": "scicode_agent"}])
+    )  # fmt: skip
+    assert [r.env_name for r in rows] == ["scicode_agent", "scicode_agent"]

@@ -13,14 +13,14 @@ import pytest
 
 from nemo_gym_adapter.data import dataset as dataset_mod
 from nemo_gym_adapter.data import store as dataset_store
-from nemo_gym_adapter.data.dataset import load_gym_jsonl
+from nemo_gym_adapter.data.dataset import check_gym_jsonl, load_gym_jsonl
 from nemo_gym_adapter.errors import DatasetError
 
 
 def _write(path: Path, n: int = 5, agent: str = "weather_agent", bad_line: int | None = None) -> Path:
     lines = [json.dumps({"responses_create_params": {"input": f"q{i}"}, "agent_ref": agent, "i": i}) for i in range(n)]
     if bad_line is not None:
-        lines[bad_line - 1] = '{"responses_create_params": {"input": []}, "agent_ref": "weather_agent"}'
+        lines[bad_line - 1] = '{"responses_create_params": {"input": 7}, "agent_ref": "weather_agent"}'
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -60,7 +60,9 @@ def test_changed_contents_are_validated_again(tmp_path):
     path = _write(tmp_path / "d.jsonl")
     load_gym_jsonl(path, cache_dir=tmp_path / "c")
     _write(path, bad_line=4)  # same path, same size class: only the contents tell
-    with pytest.raises(DatasetError, match=r"d\.jsonl:4: responses_create_params\.input is an empty list"):
+    with pytest.raises(
+        DatasetError, match=r"d\.jsonl:4: responses_create_params\.input must be a string or a list, got int"
+    ):
         load_gym_jsonl(path, cache_dir=tmp_path / "c")
     assert len(_entries(tmp_path / "c")) == 1  # a failed validation leaves nothing behind, not even a temp dir
 
@@ -147,3 +149,13 @@ def test_records_in_batches_match_records_one_by_one(tmp_path):
     for view in (store, picked):
         assert list(view.records(batch_rows=7)) == [view.record(i) for i in range(len(view))]
     assert os.fspath(picked.entry) == os.fspath(store.entry)  # a view, not a copy
+
+
+def test_a_check_validates_into_the_entry_a_load_then_maps(tmp_path):
+    path = _write(tmp_path / "d.jsonl")
+    entry = check_gym_jsonl(path, cache_dir=tmp_path / "c")  # validated, committed, not mapped
+    assert load_gym_jsonl(path, cache_dir=tmp_path / "c").store.entry == entry  # a cache hit: the same entry
+    assert check_gym_jsonl(path, cache_dir=tmp_path / "c") == entry and len(_entries(tmp_path / "c")) == 1
+    _write(path, bad_line=2)
+    with pytest.raises(DatasetError, match=r"d\.jsonl:2: "):
+        check_gym_jsonl(path, cache_dir=tmp_path / "c")

@@ -16,6 +16,7 @@ from nemo_gym_adapter.gym.addresses import (
     is_local,
     is_loopback,
     local_addresses,
+    policy_urls,
     route_source_address,
 )
 
@@ -138,3 +139,19 @@ def test_attached_gym_must_call_exactly_these_replicas():
     for wrong in (["http://10.0.0.2:8000/v1"], ["http://10.0.0.1:8000/v1", "http://10.0.0.3:8000/v1"], None):
         with pytest.raises(GymServerError, match=r"start that Gym with \+policy_base_url=\[http://10.0.0.2:8000/v1,"):
             check_policy_urls(wrong, replicas, "http://10.0.0.9:11000")
+
+
+def test_the_policy_urls_of_a_gym_are_its_policy_base_url_and_the_model_servers_calling_it():
+    two = ["http://10.0.0.2:8000/v1", "http://10.0.0.3:8000/v1"]
+    ours = {  # what gym.launch writes for two replicas: one string, the list to the policy's model server
+        "policy_base_url": two[0],
+        "policy_model": {"responses_api_models": {"vllm_model": {"base_url": two}}},
+        "judge_model": {"responses_api_models": {"vllm_model": {"base_url": "http://10.0.0.9:9000/v1"}}},
+        "env": {"resources_servers": {"verifif": {"judge_base_url": two[0]}}},
+    }
+    assert policy_urls(ours) == two
+    check_policy_urls(policy_urls(ours), two, "http://10.0.0.9:11000")
+    gyms_cli = {"policy_base_url": ["10.0.0.2:8000", "10.0.0.3:8000"]}  # `+policy_base_url=[...]`, no model server
+    assert policy_urls(gyms_cli) == two
+    with pytest.raises(GymServerError, match="sends model calls to policy_base_url"):
+        check_policy_urls(policy_urls(ours), [two[0]], "http://10.0.0.9:11000")

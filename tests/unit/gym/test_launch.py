@@ -72,7 +72,7 @@ def test_launch_config_carries_everything_but_the_key(tmp_path):
         config_overrides={"head_server": {"host": "0.0.0.0"}, "policy_model": {"x": 1}},
     )
     cfg = launch_config(spec, head_port=1234, run_dir=tmp_path)
-    assert cfg["policy_base_url"] == ["http://h:1/v1", "http://h:2/v1"]
+    assert cfg["policy_base_url"] == "http://h:1/v1"  # one string, as Gym's CLI sets it (see below)
     assert cfg["head_server"] == {"host": "0.0.0.0", "port": 1234}  # deep-merged override
     assert cfg["ray_head_node_address"] == "10.0.0.1:6379"
     assert (cfg["port_range_low"], cfg["port_range_high"]) == (30000, 31000)
@@ -88,3 +88,40 @@ def test_launch_env_scrubs_the_trainer_and_carries_the_key_only_in_the_environme
     env = launch_env(spec, base={"PYTHONPATH": "/trainer", "RAY_ADDRESS": "10.0.0.1:6379", "PATH": "/usr/bin"})
     assert "PYTHONPATH" not in env and env["RAY_ADDRESS"] == "local"  # Gym starts its own Ray cluster
     assert env[API_KEY_ENV] == "sk-secret" and env["PATH"].endswith("/usr/bin")
+
+
+def test_launch_config_gives_gyms_servers_the_safe_band_unless_a_range_is_set(tmp_path):
+    from nemo_gym_adapter.gym.ports import safe_port_range
+
+    spec = GymLaunchSpec(config_paths=["a.yaml"], policy_base_url=["127.0.0.1:1"], policy_model_name="m")
+    cfg = launch_config(spec, 21000, tmp_path)
+    assert (cfg["port_range_low"], cfg["port_range_high"]) == safe_port_range()
+    cfg = launch_config(spec.model_copy(update={"port_range": (40000, 40100)}), 21000, tmp_path)
+    assert (cfg["port_range_low"], cfg["port_range_high"]) == (40000, 40100)
+
+
+def test_policy_base_url_is_one_string_and_only_the_policys_model_servers_get_the_replica_list(tmp_path):
+    # Gym configs interpolate policy_base_url into string fields too (verifif.judge_base_url, speed_bench)
+    (tmp_path / "responses_api_models").mkdir()  # a Gym root: includes resolve against it
+    (tmp_path / "shared.yaml").write_text(
+        "shared_model:\n  responses_api_models:\n    vllm_model:\n      base_url: ${policy_base_url}\n"
+    )
+    env = tmp_path / "env.yaml"
+    env.write_text(
+        "config_paths: [shared.yaml]\n"
+        "judge:\n  resources_servers:\n    verifif:\n      judge_base_url: ${policy_base_url}\n"
+        "policy_model:\n  responses_api_models:\n    vllm_model:\n      base_url: ${policy_base_url}\n"
+        "other_model:\n  responses_api_models:\n    vllm_model:\n      base_url: ${judge_base_url}\n"
+    )
+    one = GymLaunchSpec(config_paths=["a.yaml"], policy_base_url=["h:1"], policy_model_name="m")
+    cfg = launch_config(one, head_port=1, run_dir=tmp_path, files=[env])
+    assert cfg["policy_base_url"] == "http://h:1/v1" and "policy_model" not in cfg
+    overrides = {"mine": {"responses_api_models": {"vllm_model": {"base_url": "${policy_base_url}"}}}}
+    two = GymLaunchSpec(
+        config_paths=["a.yaml"], policy_base_url=["h:1", "h:2"], policy_model_name="m", config_overrides=overrides
+    )
+    cfg = launch_config(two, head_port=1, run_dir=tmp_path, files=[env])
+    both = {"responses_api_models": {"vllm_model": {"base_url": ["http://h:1/v1", "http://h:2/v1"]}}}
+    assert cfg["policy_base_url"] == "http://h:1/v1"
+    assert cfg["policy_model"] == cfg["shared_model"] == cfg["mine"] == both  # the include and the override too
+    assert "other_model" not in cfg and "judge" not in cfg

@@ -34,6 +34,8 @@ def test_head_command_runs_ray_from_gyms_venv_with_its_own_ports_and_temp_dir(tm
     assert cmd[:4] == [str(tmp_path / "venv" / "bin" / "ray"), "start", "--head", "--block"]
     assert {"--port=41000", "--ray-client-server-port=41001", "--dashboard-agent-listen-port=41002"} <= set(cmd)
     assert "--include-dashboard=false" in cmd and f"--temp-dir={tmp_path / 't'}" in cmd
+    # its workers and drivers (Gym's launcher and servers) get ephemeral ports, not Ray's CLI band = Gym's default
+    assert {"--min-worker-port=0", "--max-worker-port=0"} <= set(cmd)
     assert not [a for a in head_command(tmp_path, 1, None, 2, tmp_path) if "client-server" in a]  # no grpc: no flag
 
 
@@ -123,10 +125,13 @@ def _config(tmp_path: Path, venv: Path, **section) -> dict:
     return cfg
 
 
-def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(fake_gym_venv, tmp_path):
+def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(
+    fake_gym_venv, tmp_path, watchdog_requests
+):
     cfg = _config(tmp_path, fake_gym_venv)
     with early_gym_servers(cfg) as head:
         assert head is not None and head.alive() and head.run_dir == tmp_path / "gym"
+        assert watchdog_requests == [tmp_path / "gym"]  # set before the head started (reaper)
         claimed = claim_early_head()
         assert claimed is head and claim_early_head() is None  # claimed once; now the claimer's
     try:

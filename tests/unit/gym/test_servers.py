@@ -28,7 +28,7 @@ def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tm
         assert len(pids) >= 2  # launcher + the orphaned, SIGTERM-ignoring helper
         assert set(gym.server_instances()) == {"env_a"}
         cfg = gym.global_config()
-        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
+        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == "http://127.0.0.1:9/v1"
         assert cfg["policy_api_key"] == "<redacted>"
         assert gym.run_url("agent_a") == f"{gym.head_url}/run"
         with pytest.raises(GymServerError, match="agent_b"):
@@ -39,6 +39,10 @@ def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tm
 def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fake_gym_venv, tmp_path):
     spec = fake_spec(fake_gym_venv, tmp_path, policy_base_url=["127.0.0.1:9", "127.0.0.1:10"])
     with GymServers.start(spec) as gym:
+        # string consumers get one URL, the policy's model server the replica list (as Gym's config merge does)
+        assert gym.global_config()["policy_base_url"] == "http://127.0.0.1:9/v1"
+        two = ["http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1"]
+        assert gym.global_config()["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == two
         head, old = gym.head_url, gym.pids()
         seen: list[int] = []
         gym.on_restart.append(lambda g: seen.append(g.restarts))
@@ -46,7 +50,7 @@ def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fa
         assert gym.head_url == head and gym.restarts == 1 and seen == [1]
         assert alive_pids(old) == [] and gym.pids()
         cfg = gym.global_config()
-        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == ["http://127.0.0.1:9/v1"]
+        assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == "http://127.0.0.1:9/v1"
         assert (tmp_path / "run" / "restart1" / "gym.log").exists() and gym.run_dir == tmp_path / "run"
         with pytest.raises(GymServerError, match="every vLLM replica is down"):
             gym.restart(drop_replicas=["127.0.0.1:9"])
@@ -223,3 +227,50 @@ def test_attach_to_unready_gym_times_out(fake_head):
     handler.health = 503
     with pytest.raises(GymServerError, match=rf"{url}.*not ready after 1s.*503"):
         GymServers.attach(url, timeout=1)
+
+
+# ---------------------------------------------------------------- a port lost at start-up (gym.ports)
+
+
+@pytest.mark.parametrize("who", ["agent_a", "head"])
+def test_a_lost_port_relaunches_gym_on_new_ports_and_says_which(fake_gym_venv, tmp_path, monkeypatch, caplog, who):
+    """The first launch's server (or head server) finds its port taken: Gym is relaunched, cold, its logs under
+    ``port_retry1``, a warning names the server and the port; ``run_dir`` stays the first launch's; nothing of the
+    failed launch is left."""
+    monkeypatch.setenv("FAKE_GYM_MODE", f"lose_port:{who}:1:{tmp_path / 'launches'}")
+    spec = fake_spec(fake_gym_venv, tmp_path, port_range=(40000, 40100), startup_timeout_s=60)
+    lost = 40000 if who == "agent_a" else None
+    with caplog.at_level("WARNING"), GymServers.start(spec) as gym:
+        assert (tmp_path / "launches").read_text() == "2"
+        assert gym.run_dir == tmp_path / "run" and gym.log_path == tmp_path / "run" / "port_retry1" / "gym.log"
+        first_log = (tmp_path / "run" / "gym.log").read_text()
+        if lost is None:  # the head server's port: ours, drawn from the same band
+            lost = int(first_log.split("bind on address ('127.0.0.1', ")[1].split(")")[0])
+            assert 40000 <= lost <= 40100
+        server = "head server" if who == "head" else "agent_a"
+        assert f"{server} lost port {lost}" in caplog.text and "retry 1 of nemo_gym.port_retries=2" in caplog.text
+        assert gym.server_instances()
+        pids = gym.pids()
+    assert alive_pids(pids) == []
+
+
+def test_a_port_lost_every_time_fails_after_the_retries_naming_server_and_port(fake_gym_venv, tmp_path, monkeypatch):
+    from nemo_gym_adapter.gym.ports import GymPortInUseError
+
+    monkeypatch.setenv("FAKE_GYM_MODE", f"lose_port:agent_a:9:{tmp_path / 'launches'}")
+    spec = fake_spec(fake_gym_venv, tmp_path, port_range=(40000, 40100), port_retries=1, startup_timeout_s=60)
+    with pytest.raises(GymPortInUseError, match="agent_a could not bind port 40000") as e:
+        GymServers.start(spec)
+    assert (e.value.server, e.value.port) == ("agent_a", 40000)
+    assert (tmp_path / "launches").read_text() == "2"  # the launch and one retry
+
+
+def test_a_pinned_head_port_that_is_lost_is_not_retried(fake_gym_venv, tmp_path, monkeypatch):
+    from nemo_gym_adapter.gym.ports import GymPortInUseError
+    from nemo_gym_adapter.procs import free_port
+
+    monkeypatch.setenv("FAKE_GYM_MODE", f"lose_port:head:1:{tmp_path / 'launches'}")
+    port = free_port()
+    with pytest.raises(GymPortInUseError, match=f"head server could not bind port {port}"):
+        GymServers.start(fake_spec(fake_gym_venv, tmp_path, head_port=port, startup_timeout_s=60))
+    assert (tmp_path / "launches").read_text() == "1"

@@ -14,7 +14,8 @@ import torch
 from tensordict import TensorDict
 
 from nemo_gym_adapter.rollouts.core import RowResult
-from nemo_gym_adapter.rollouts.trajectory import MaskReason, trajectory_from_outcome
+from nemo_gym_adapter.rollouts.segments import trajectories_from_outcome
+from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig, trajectory_from_outcome
 from recipe.nemo_gym import agent_loop_tq
 from recipe.nemo_gym.agent_loop_tq import NemoGymAgentLoopManagerTQ, RolloutWindow, sample_record, split_prompts
 from tests.support.gym_results import CFG, E0, G0, G1, P0, PAD, FakeFailure, FakeOutcome, handmade_multiturn
@@ -36,8 +37,8 @@ class FakeTransferQueue:
         puts = sum(1 for e in self.events if e[0] == "put")
         if self.fail_on_put is not None and puts == self.fail_on_put:
             raise ConnectionError("fake TransferQueue storage unit gone")
-        (key,) = keys
-        self.events.append(("put", partition_id, key, fields[0], dict(tags[0])))
+        for i, key in enumerate(keys):  # one put of several keys: a split rollout's segments
+            self.events.append(("put", partition_id, key, fields[i], dict(tags[i])))
 
     def statuses(self, uid: str) -> list[str]:
         return [e[3]["status"] for e in self.events if e[0] == "tag" and e[2] == uid]
@@ -52,9 +53,10 @@ class FakeCore:
         servers_by_agent={}
     )  # ValidationPass (gym_aggregate off: tests/unit/rollouts/test_validation.py)
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, config: TrajectoryConfig = CFG) -> None:
         self.calls: list[dict[str, Any]] = []
         self.rng = random.Random(seed)
+        self.config = config
 
     async def run_step(self, rows, envs, overrides=None, *, on_row=None, desc=""):
         self.calls.append({"rows": list(rows), "envs": list(envs), "overrides": dict(overrides or {})})
@@ -63,11 +65,15 @@ class FakeCore:
         for i in order:
             if rows[i].get("fail"):
                 outcome = FakeOutcome(i, 0.1, failure=FakeFailure("timeout", "fake"))
+            elif rows[i].get("rewritten"):  # the second call does not extend the first: 2 segments under split
+                result = handmade_multiturn(P0, [G0, G1], [E0], reward=1.0)
+                result["response"]["output"][-1]["prompt_token_ids"] = P0 + [9]
+                outcome = FakeOutcome(i, 0.1, result=result)
             else:
                 outcome = FakeOutcome(i, 0.1, result=handmade_multiturn(P0, [G0, G1], [E0], reward=float(i % 2)))
-            trajectory = trajectory_from_outcome(outcome, env_name=envs[i], config=CFG)
+            samples = trajectories_from_outcome(outcome, env_name=envs[i], config=self.config)
             await asyncio.sleep(0)
-            await on_row(RowResult(i, envs[i], outcome, trajectory))
+            await on_row(RowResult(i, envs[i], outcome, samples[0], samples if len(samples) > 1 else ()))
 
 
 def manager(core: FakeCore, n: int = 3) -> NemoGymAgentLoopManagerTQ:
@@ -270,3 +276,22 @@ def test_weight_versions_come_from_the_servers_and_are_cached_briefly():
     m.replica_handles = {"vllm_server_0_0": FakeHandle(FakeServerActor(None))}
     m._version = None
     assert asyncio.run(m._read_versions_async()) == (0, 0)  # before verl's first sync: version 0
+
+
+def test_a_split_rollout_is_put_as_one_key_per_segment_of_its_session(monkeypatch):
+    """``contiguity: split``: the rewritten rollout's two segments are ``{uid}_{session}_0`` and ``_1`` (put together,
+    before the group finishes), the contiguous one stays ``_0``; metrics count rollouts; validation puts one."""
+    import dataclasses
+
+    fake_tq = FakeTransferQueue()
+    m = manager(FakeCore(config=dataclasses.replace(CFG, contiguity="split")), n=1)
+    run(m, fake_tq, monkeypatch, prompts({"rewritten": True}, {"q": 1}))
+    puts = {e[2]: e for e in fake_tq.events if e[0] == "put"}
+    assert sorted(puts) == ["u0_0_0", "u0_0_1", "u1_0_0"]
+    assert [int(puts[k][3]["response_mask"].sum()) for k in ("u0_0_0", "u0_0_1")] == [len(G0), len(G1)]
+    assert [e[3]["status"] for e in fake_tq.events if e[0] == "tag" and e[2] == "u0"] == ["running", "finished"]
+    metrics = m.drain_metrics()
+    assert metrics["gym/all/num_samples"] == 2 and metrics["gym/all/split_rate"] == 0.5
+    val_tq = FakeTransferQueue()
+    run(m, val_tq, monkeypatch, prompts({"rewritten": True}), partition="val")
+    assert [e[2] for e in val_tq.events if e[0] == "put"] == ["u0_0_0"]

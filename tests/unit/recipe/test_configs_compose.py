@@ -216,3 +216,26 @@ def test_the_console_defaults_reach_every_ray_worker_and_a_users_value_wins(monk
     env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
     assert env["TQ_NUM_THREADS"] == "3"
     assert env["PYTHONWARNINGS"] == f"error::DeprecationWarning,{main.VERL_ENGINE_NOTICES}"
+
+
+@pytest.mark.parametrize("name", PRIMARY_CONFIGS)
+def test_gpu_configs_checkpoint_and_resume_and_cpu_configs_start_fresh(name):
+    """The GPU configs save checkpoints a relaunch continues from (docs/LONG_RUNS.md); the CPU ones (the demo, the
+    tests) start fresh every time, never from a checkpoint some earlier run left under checkpoints/."""
+    trainer = _compose(name).trainer
+    if trainer.device == "cpu":
+        assert (trainer.save_freq, trainer.resume_mode) == (-1, "disable")
+    else:
+        assert trainer.save_freq > 0 and trainer.resume_mode == "auto" and trainer.max_actor_ckpt_to_keep >= 1
+        assert trainer.default_local_dir == f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
+
+
+def test_a_bad_row_stops_the_run_before_anything_starts(tmp_path, capsys):
+    from recipe.nemo_gym.main import check_rows, run
+
+    check_rows(_compose("nemo_gym_cpu"))  # the shipped rows pass
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"responses_create_params": {"input": "hi"}}\n{"responses_create_params": {"input": 7}}\n')
+    cfg = _compose("nemo_gym_cpu", (f"data.train_files=[{bad}]",))
+    assert run(cfg) == 2  # returns before Ray, verl or Gym is touched
+    assert f"{bad}:2" in capsys.readouterr().err

@@ -62,6 +62,13 @@ def test_launch_spec_points_gym_at_the_replicas_with_the_training_model_config(c
     assert spec.policy_base_url == ["http://10.0.0.1:8000/v1", "http://10.0.0.1:8001/v1"]
     assert (spec.policy_model_name, spec.host, spec.head_port) == ("/models/qwen", "10.0.0.2", 12000)
     assert spec.config_overrides == {"x": {"y": 1}}
+    assert (spec.port_range, spec.port_retries) == (None, 2)  # the safe band (gym.ports), two relaunches
+
+
+def test_launch_spec_carries_the_port_band_and_retries(cfg):
+    cfg["nemo_gym"].update(port_range=[40000, 41000], port_retries=0)
+    spec = gym_launch_spec(load_config(cfg, check_files=False).gym, ["10.0.0.1:8000"], "m", host="127.0.0.1")
+    assert (spec.port_range, spec.port_retries) == ((40000, 41000), 0)
 
 
 def test_trajectory_and_client_configs_come_from_the_recipe(cfg):
@@ -74,11 +81,12 @@ def test_trajectory_and_client_configs_come_from_the_recipe(cfg):
     assert (client.max_concurrency, client.timeout_s, client.key_prefix) == (7, 5.0, "nemo_gym.client")
 
 
-def test_pid_file_records_the_session_and_goes_when_gym_stops(tmp_path):
+def test_pid_file_records_the_session_and_goes_when_gym_stops(tmp_path, watchdog_requests):
     gym = FakeGym(tmp_path)
     write_pid_file(gym)  # type: ignore[arg-type]
     record = json.loads((tmp_path / PID_FILE).read_text())
     assert record["pids"] == [os.getpid()] and record["sessions"] == [os.getsid(os.getpid())]
+    assert watchdog_requests == [tmp_path]  # swept by a watchdog should this process be killed outright (reaper)
     stop_gym(gym)  # type: ignore[arg-type]
     assert gym.stopped and not (tmp_path / PID_FILE).exists()
 

@@ -250,3 +250,42 @@ def test_apply_overrides_never_mutates_and_skips_none(params, overrides):
     for key, value in overrides.items():
         assert body["responses_create_params"].get(key) == (value if value is not None else params.get(key))
     assert body["agent_ref"] == {"name": "a"} and body["task_source"] == "x"
+
+
+# ------------------------------------------------------------------------- issue 19: Gym's rollout id and capture
+
+
+async def test_every_dispatch_carries_its_own_rollout_id(fake_server):
+    """Gym keys token-ID capture and prefix supply by ``_ng_rollout_id``: unique per dispatch, across calls too (a
+    row repeated n times for GRPO, or in the next step), never the row's own, a new one on a resend."""
+    batch = rows(3)
+    batch[0]["_ng_rollout_id"] = "from-the-dataset"
+    batch[2]["fake"]["drop_first"] = 1  # one connection drop (first run only): the first send may have reached Gym
+    async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast()) as client:
+        first = await client.run(batch)
+        again = await client.run(batch)
+    sent = [body["_ng_rollout_id"] for body in fake_server.bodies]
+    assert len(sent) == len(set(sent)) == 7 and "from-the-dataset" not in sent  # 3 + 1 resend, then 3
+    assert all(s.startswith("ngv-") for s in sent)
+    assert [len(o.rollout_ids) for o in first + again] == [1, 1, 2, 1, 1, 1]
+    assert {i for o in first + again for i in o.rollout_ids} == set(sent)
+    assert batch[0]["_ng_rollout_id"] == "from-the-dataset"  # the caller's row is untouched
+
+
+async def test_capture_files_are_retired_once_the_outcome_was_handed_on(fake_server, tmp_path):
+    routes = routes_for(("agent_a", fake_server.url))
+    routes.capture_dir = str(tmp_path)
+    seen: list[list[str]] = []
+
+    def on_outcome(outcome) -> None:
+        # Gym's store wrote these while the rollout ran; the hook still sees them.
+        for suffix in (".tokens.jsonl", ".tokens.state.json", ".tokens.lock"):
+            (tmp_path / f"{outcome.rollout_ids[-1]}{suffix}").write_text("{}")
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+
+    (tmp_path / "someone-else.tokens.jsonl").write_text("{}")
+    async with RolloutClient(routes, fast()) as client:
+        out = await client.run(rows(2), on_outcome=on_outcome)
+    assert all(len(names) >= 4 for names in seen)
+    assert [p.name for p in tmp_path.iterdir()] == ["someone-else.tokens.jsonl"]
+    assert all(o.ok for o in out)

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError, TokenAlignmentError
+from nemo_gym_adapter.rollouts.gym_errors import gym_error_origin
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig, build_trajectory, trajectory_from_outcome
 from nemo_gym_adapter.wire import parse_run_result
@@ -72,10 +73,10 @@ def test_results_are_not_mutated():
 
 def test_mask_sample_masks_but_keeps_prompt_and_gym_reward():
     payload = handmade_multiturn(P0, [G0], [])
-    payload.update(reward=1.0, mask_sample=True, failure_kind="judge_failed", failure_reason="judge down")
+    payload.update(reward=1.0, mask_sample=True, failure_kind="env:invalid_task", failure_reason="bad task")
     t = build(payload)
     assert t.masked_reason is MaskReason.MASK_SAMPLE and t.reward == 0.0 and t.gym_reward == 1.0
-    assert "judge_failed" in t.detail and "judge down" in t.detail
+    assert "env:invalid_task" in t.detail and "bad task" in t.detail
     assert t.prompt_ids.tolist() == P0 and t.response_ids.size == 0 and t.sampled_spans == ()
 
 
@@ -123,7 +124,7 @@ def test_the_real_rollout_client_records_are_accepted():
 
 def test_invalid_result_is_masked_with_json_path():
     bad = handmade_multiturn(P0, [G0], [])
-    bad["response"]["output"][0]["generation_log_probs"] = [-0.1]  # 2 ids, 1 logprob
+    bad["response"]["output"][0]["generation_log_probs"] = ["x"]  # not a number (a short list: missing_log_probs)
     t = trajectory_from_outcome(FakeOutcome(3, 1.0, result=bad), env_name="e", config=CFG)
     assert t.masked_reason is MaskReason.INVALID_RESULT
     assert "row 3" in t.detail and "response.output[0]" in t.detail
@@ -308,3 +309,57 @@ def test_recorded_unpatched_multiturn_is_non_contiguous():
     assert cut.response_ids.tolist() == calls[0]["generation_token_ids"]
     with pytest.raises(TokenAlignmentError, match=rf"row 0: model call 1 .*\[{n0}:\]"):
         build(payload, TrajectoryConfig(prompt_length=512, response_length=512, contiguity="raise"), row_index=0)
+
+
+@pytest.mark.parametrize("log_probs", [None, [], [float("nan")], [float("-inf")]])
+def test_a_model_call_without_log_probs_is_masked_missing_log_probs(log_probs):
+    """Issue 19: a trainable turn that came back without (finite) log-probs is masked with its own reason."""
+    item = {"type": "message", "role": "assistant", "prompt_token_ids": [1, 2], "generation_token_ids": [3]}
+    if log_probs is not None:
+        item["generation_log_probs"] = log_probs
+    result = parse_run_result({"reward": 1.0, "response": {"output": [item]}})
+    t = build_trajectory(result, env_name="e", config=TrajectoryConfig(prompt_length=8, response_length=8))
+    assert t.masked_reason is MaskReason.MISSING_LOG_PROBS, t
+
+
+@pytest.mark.parametrize("kind", ["verifier_error", "judge_failed", "judge_unparseable"])
+def test_a_verifier_error_is_masked_by_default_and_reward_0_where_the_environment_says_so(kind):
+    # Gym's own convention for "could not score" (judge_failsafe, nemo_user_sim): mask_sample + a verifier kind
+    payload = handmade_multiturn(P0, [G0], [])
+    payload.update(reward=0.0, mask_sample=True, failure_kind=kind, failure_reason="ValueError('no <action> tag')")
+    t = build(payload)
+    assert t.masked_reason is MaskReason.VERIFIER_ERROR and "no <action> tag" in t.detail
+    policy = TrajectoryConfig(prompt_length=64, response_length=64, verifier_errors={"env_a": "reward0"})
+    t = build(payload, policy)
+    assert not t.masked and t.reward == 0.0 and t.verifier_error and t.num_generated == len(G0)
+    assert build(payload, policy, env_name="env_b").masked_reason is MaskReason.VERIFIER_ERROR  # per environment
+    everywhere = TrajectoryConfig(prompt_length=64, response_length=64, verifier_errors={"_default": "reward0"})
+    assert not build(payload, everywhere, env_name="env_b").masked
+    with pytest.raises(AdapterConfigError, match=r"verifier_errors\.env_a='zero'"):
+        TrajectoryConfig(prompt_length=64, response_length=64, verifier_errors={"env_a": "zero"})
+
+
+def test_a_500_from_the_environments_code_is_a_verifier_error_and_stays_masked_under_reward0():
+    inner = "Hit an exception in SimpleAgent___a calling an inner server: ValueError('unparseable action')"
+    failure = FakeFailure("http_500", f"row 0: env (url) answered 500: {inner}", 500, gym_error_origin(inner))
+    outcome = FakeOutcome(0, 1.0, failure=failure)
+    policy = TrajectoryConfig(prompt_length=64, response_length=64, verifier_errors={"_default": "reward0"})
+    t = trajectory_from_outcome(outcome, env_name="env_a", config=policy)
+    assert t.masked_reason is MaskReason.VERIFIER_ERROR  # no tokens came back: nothing to train on
+    plain = FakeOutcome(0, 1.0, failure=FakeFailure("http_502", "row 0: proxy answered 502: bad gateway", 502))
+    assert trajectory_from_outcome(plain, env_name="env_a", config=policy).masked_reason is MaskReason.REQUEST_FAILED
+    # recorded from asr_with_pc (audio rows, a text-only model): the model backend refused, not the environment
+    model = (
+        "Hit an exception in SimpleAgent___asr_with_pc_simple_agent calling an inner server: b'\\\"Hit an exception "
+        'in VLLMModel___policy_model calling an inner server: b\\\'{\\"error\\": \\"tiny is not a multimodal model\\"}'
+    )
+    assert gym_error_origin(model) == "model" and gym_error_origin("plain text") is None
+
+
+def test_verifier_error_policies_must_name_agents_of_the_running_gym():
+    policy = TrajectoryConfig(
+        prompt_length=8, response_length=8, verifier_errors={"_default": "mask", "env_a": "reward0"}
+    )
+    policy.check_envs(["env_a", "env_b"])
+    with pytest.raises(AdapterConfigError, match=r"verifier_errors: \['env_x'\] name no agent .*\['env_a'\]"):
+        TrajectoryConfig(prompt_length=8, response_length=8, verifier_errors={"env_x": "reward0"}).check_envs(["env_a"])

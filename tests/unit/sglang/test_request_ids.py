@@ -41,8 +41,13 @@ def test_malformed_ids_are_kept_as_the_error_the_render_raises():
     ids = read_request_ids({"messages": [USER, broken]}, parsed_messages=2)
     assert ids.anchor is None and ids.splices
     assert ids.error is not None and ids.error.startswith(SPLICE_ERROR) and "int token id" in ids.error
+
+
+def test_a_required_prefix_without_any_assistant_message_anchors_before_the_conversation():
+    """NeMo RL's merged-tokens case (issue 19): the prefix alone is the model prefix, index -1, no prefix render."""
     ids = read_request_ids({"messages": [USER], "required_prefix_token_ids": [1]}, parsed_messages=1)
-    assert ids.error is not None and "no assistant message" in ids.error
+    assert ids.error is None and ids.anchor is not None
+    assert (ids.anchor.index, ids.anchor.model_prefix, ids.anchor.renders_prefix) == (-1, [1], False)
 
 
 def test_ids_are_refused_when_the_parsed_request_holds_another_number_of_messages():

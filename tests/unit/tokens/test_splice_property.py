@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nemo_gym_adapter.tokens.same_text import SameText
 from nemo_gym_adapter.tokens.splice import (
     last_tokenized_assistant,
     messages_through,
@@ -151,7 +152,10 @@ class Family:
     def splice(self, messages: list[dict], k: int, model_prefix: list[int], prefix: list[int], full: list[int]):
         """What the vLLM hook computes: the splice with the in-place edit check."""
         history = turn_history(messages, k, self.template.stop_texts)
-        return splice_prompt(model_prefix, prefix, full, self.template, history, decode=self.tok.decode)
+        same_text = SameText.for_tokenizer(self.tok, self.template.added_ids)  # as vllm.hooks builds it
+        return splice_prompt(
+            model_prefix, prefix, full, self.template, history, decode=self.tok.decode, same_text=same_text
+        )
 
 
 def build_family(name: str, path) -> Family:

@@ -22,7 +22,8 @@ from nemo_gym_adapter.vllm import hooks as vllm_hooks
 from nemo_gym_adapter.vllm import patch as vllm_patch
 from nemo_gym_adapter.vllm import prefix_render as vllm_prefix_render
 from nemo_gym_adapter.vllm.abort import ABORT_GUARD_TARGETS
-from nemo_gym_adapter.vllm.hooks import ContextLengthExceeded, clamp_output_budget, find_anchor, hook_target_for
+from nemo_gym_adapter.vllm.hooks import find_anchor, hook_target_for
+from nemo_gym_adapter.vllm.request_limits import ContextLengthExceeded, clamp_output_budget
 from tests.support.conversations import piecewise
 from tests.unit.vllm.test_abort import FakeOpenAIServingChat, FakeOpenAIServingCompletion
 
@@ -36,6 +37,7 @@ class FakeVLLMValidationError(ValueError):
     def __init__(self, message: str, *, parameter: str | None = None, value: Any = None) -> None:
         super().__init__(message)
         self.parameter = parameter
+        self.value = value
 
 
 @dataclasses.dataclass
@@ -130,9 +132,26 @@ class FakeOnlineRenderer:
         text = self.renderer.render_text(messages, params)
         ids = self.renderer.tokenizer.encode(text, add_special_tokens=False)
         budget = request.build_tok_params(self.model_config)
-        if len(ids) > MAX_MODEL_LEN - budget:  # what vLLM's TokenizeParams check does
-            raise FakeVLLMValidationError(f"This model's maximum context length is {MAX_MODEL_LEN} tokens.")
-        return [{"role": m["role"]} for m in messages], [{"type": "token", "prompt_token_ids": ids, "prompt": text}]
+        return [{"role": m["role"]} for m in messages], [self._checked(ids, budget, prompt=text)]
+
+    async def preprocess_completion(self, request, prompt_input, prompt_embeds, *, skip_mm_cache=False):
+        prompts = [prompt_input] if isinstance(prompt_input, str) else list(prompt_input)
+        budget = request.build_tok_params(self.model_config)
+        return [self._checked(self.renderer.tokenizer.encode(p, add_special_tokens=False), budget) for p in prompts]
+
+    def _checked(self, ids: list[int], budget: int, **extra: Any) -> dict:
+        if budget > MAX_MODEL_LEN:  # what vLLM's TokenizeParams checks do, with their parameter names
+            raise FakeVLLMValidationError(
+                f"max_tokens={budget} cannot be greater than max_model_len", parameter="max_tokens"
+            )
+        if len(ids) > MAX_MODEL_LEN - budget:
+            raise FakeVLLMValidationError(
+                f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested {budget} "
+                f"output tokens and your prompt contains {len(ids)} input tokens",
+                parameter="input_tokens",
+                value=len(ids),
+            )
+        return {"type": "token", "prompt_token_ids": ids, **extra}
 
     use_harmony = False  # vLLM: model_type == "gpt_oss"
 
@@ -325,8 +344,9 @@ def test_find_anchor_cases():
     required = FakeChatRequest(messages=plain, required_prefix_token_ids=[5, 6])
     anchor = find_anchor(required, [*plain, {"role": "user", "content": "c"}])
     assert (anchor.index, anchor.model_prefix, anchor.required) == (1, [5, 6], [5, 6])
-    with pytest.raises(TokenAlignmentError, match="no assistant message"):
-        find_anchor(FakeChatRequest(messages=plain[:1], required_prefix_token_ids=[5]), plain[:1])
+    # No assistant message at all (NeMo RL's merged-tokens case): the required prefix alone, index -1.
+    alone = find_anchor(FakeChatRequest(messages=plain[:1], required_prefix_token_ids=[5]), plain[:1])
+    assert (alone.index, alone.model_prefix, alone.from_messages) == (-1, [5], False)
     with pytest.raises(TokenAlignmentError, match="required_prefix_token_ids must be"):
         find_anchor(FakeChatRequest(messages=plain, required_prefix_token_ids=["x"]), plain)
 
