@@ -43,7 +43,10 @@ def test_sglang_on_the_cpu_config_starts_up_to_the_engine_and_stops_naming_the_k
     assert result.returncode == 1, f"exit {result.returncode} after {wall:.0f}s\n{text[-6000:]}"
     assert MESSAGE in result.stderr, text[-6000:]
     assert "SGLang is not installed in this Python" in result.stderr
-    assert "Started a local Ray instance" in text and "NeMo Gym TaskRunner (v1, sync)" in text  # it got that far
+    # It got that far: Ray started, and the message comes from check_engine_available, which only the TaskRunner (a
+    # Ray actor) calls. Not the TaskRunner's own banner line: Ray forwards an actor's stdout asynchronously and the
+    # driver may stop before it does (missing on every run after the merge of main, under pytest's pipe).
+    assert "Started a local Ray instance" in text
     assert "Traceback" not in result.stderr, result.stderr[-6000:]
     assert not (tmp_path / "gym").exists()  # stopped before Gym (or its early Ray head) was started
     left = reaped_children()
