@@ -24,7 +24,7 @@ the bad value and the fix, and all problems are reported together. Everything el
       attach_timeout_s: 60
       policy_api_key: EMPTY
       env: {}                        # extra environment for Gym's processes
-      patch_vllm: true               # apply the token-ID patch inside every vLLM server actor
+      patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
       trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null}
@@ -57,6 +57,8 @@ MANAGER_CLASS_V1 = "recipe.nemo_gym.agent_loop_tq.NemoGymAgentLoopManagerTQ"  # 
 DATASET_PATH = "pkg://nemo_gym_adapter.data.dataset"
 DATASET_NAME = "GymJsonlDataset"
 MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
+# verl's actor_rollout_ref.rollout.name values the token-ID patch supports (= recipe.nemo_gym.backends.ENGINES).
+ROLLOUT_ENGINES = ("vllm", "sglang")
 
 
 class _Section(BaseModel):
@@ -268,6 +270,8 @@ class RecipeConfig(BaseModel):
             return Path(dump.dir).expanduser()
         return Path(self.rollout_data_dir).expanduser() / "gym" if self.rollout_data_dir else None
 
+    rollout_name: str = "vllm"  # verl's actor_rollout_ref.rollout.name: the engine (ROLLOUT_ENGINES)
+
 
 # ---------------------------------------------------------------------------------------------------- reading
 
@@ -372,7 +376,14 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
             "trainer.use_v1=true, or nemo_gym.trajectory.contiguity to mask or truncate"
         )
     name = _select(cfg, "actor_rollout_ref.rollout.name", None)
-    need("actor_rollout_ref.rollout.name", name == "vllm", name, "the token-ID patch is for vLLM; set vllm")
+    need(
+        "actor_rollout_ref.rollout.name",
+        name in ROLLOUT_ENGINES,
+        name,
+        f"the token-ID patch supports {' and '.join(ROLLOUT_ENGINES)}; set one of them",
+    )
+    if name == "sglang":
+        problems.extend(_sglang_problems(cfg))
     estimator = _select(cfg, "algorithm.adv_estimator", None)
     need(
         "algorithm.adv_estimator",
@@ -436,6 +447,7 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         rollout_data_dir=_rollout_data_dir(cfg),
         filter_groups_metric=filter_metric,
         gdpo_reward_keys=[str(k) for k in _plain(_select(cfg, "algorithm.gdpo_reward_keys", None)) or []],
+        rollout_name=str(name),
         **sampling,
     )
 
@@ -466,3 +478,23 @@ def _filter_groups(cfg: Any, v1: bool, problems: list[str]) -> str | None:
 def _rollout_data_dir(cfg: Any) -> str | None:
     value = _select(cfg, "trainer.rollout_data_dir", None)
     return str(value) if value else None
+
+
+def _sglang_problems(cfg: Any) -> list[str]:
+    """What ``actor_rollout_ref.rollout.name=sglang`` needs from verl's rollout keys (docs/SGLANG.md)."""
+    problems = []
+    key = "actor_rollout_ref.rollout.skip_tokenizer_init"
+    skip = _select(cfg, key, True)  # verl's default is True
+    if skip is not False:
+        problems.append(
+            f"{key}={skip!r}: must be false with rollout.name=sglang: without a tokenizer SGLang's OpenAI chat "
+            "endpoint (which Gym calls) answers 500 to every request"
+        )
+    key = "actor_rollout_ref.rollout.disaggregation.enabled"
+    disaggregated = _select(cfg, key, False)
+    if disaggregated:
+        problems.append(
+            f"{key}={disaggregated!r}: prefill/decode disaggregation is not supported with NeMo Gym (Gym calls each "
+            "replica's one OpenAI address; the token-ID patch is not applied to the decode servers); set false"
+        )
+    return problems

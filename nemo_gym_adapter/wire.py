@@ -38,6 +38,11 @@ from pydantic import (
 
 from nemo_gym_adapter.errors import GymServerError
 
+# How the patched engines' abort guards begin the message of a 503 for a generation the engine aborted (a weight
+# sync): "ngv: generation aborted by the vLLM engine" (vllm.abort), "... by the SGLang engine" (sglang.answer). Gym
+# relays it in a failed /run's detail, where rollouts.trajectory finds it (a masked `aborted` row).
+GENERATION_ABORTED = "ngv: generation aborted"
+
 # The fields of Gym 0.7.0's ``NeMoGymResponseCreateParamsNonStreaming``. Gym validates ``/run`` bodies with
 # ``extra="forbid"``, so a typo here (``tool`` for ``tools``) would only surface as an HTTP 422 mid-training;
 # the dataset loader checks against this list up front. Pinned to Gym 0.7.0.

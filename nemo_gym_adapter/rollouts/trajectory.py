@@ -47,8 +47,7 @@ import numpy as np
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
 from nemo_gym_adapter.rollouts.forced import forced_tokens
 from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
-from nemo_gym_adapter.vllm.abort import ABORT_MARKER
-from nemo_gym_adapter.wire import GymRunResult, parse_run_result
+from nemo_gym_adapter.wire import GENERATION_ABORTED, GymRunResult, parse_run_result
 
 ContiguityPolicy = Literal["mask", "truncate", "split", "raise"]
 CONTIGUITY_POLICIES = ("mask", "truncate", "split", "raise")
@@ -267,7 +266,7 @@ def failed_trajectory(
 ) -> Trajectory:
     """The masked trajectory of a row the rollout client could not get a result for."""
     reason = _CLIENT_REASONS.get(failure.reason, MaskReason.REQUEST_FAILED)
-    if reason is MaskReason.REQUEST_FAILED and ABORT_MARKER in failure.detail:
+    if reason is MaskReason.REQUEST_FAILED and GENERATION_ABORTED in failure.detail:
         reason = MaskReason.ABORTED
     elif reason is MaskReason.REQUEST_FAILED and getattr(failure, "origin", None) == "environment":
         reason = MaskReason.VERIFIER_ERROR  # the environment's own code raised (no tokens came back: stays masked)

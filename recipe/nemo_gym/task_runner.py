@@ -19,6 +19,8 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
    every environment's share of rows.
 6. Gym's Ray head (``nemo_gym.ray_head: early``) starts first, before the datasets and workers, so it is up by the
    time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
+7. Before that, the engine ``actor_rollout_ref.rollout.name`` selects must be able to start here
+   (``backends.check_engine_available``: an SGLang run on the CPU backend or without SGLang stops, naming the key).
 
 verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
 ``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
@@ -47,6 +49,7 @@ from nemo_gym_adapter.rollouts.groups import batch_signal
 from nemo_gym_adapter.rollouts.metrics import scope_name
 from recipe.nemo_gym import rollout_correction
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
+from recipe.nemo_gym.backends import check_engine_available
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +160,7 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
 
     def run(self, config: Any) -> None:
         print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
+        check_engine_available(config)  # before verl builds workers and replicas: the point the engine is needed
         OmegaConf.resolve(config)
         with early_gym_servers(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
             self._run(config)

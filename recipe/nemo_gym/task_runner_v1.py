@@ -32,6 +32,9 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    checkpoint engine other than ``naive`` that imports here, ``actor_rollout_ref.hybrid_engine=false``; verl's
    ``flush=True`` INFO log that kills that configuration is avoided (:func:`quiet_separate_async_info_log`); on CPU
    verl's ``DetachActorWorker`` gets the gloo process group too (``cpu.platform.CpuDetachActorWorker``).
+7. The engine ``actor_rollout_ref.rollout.name`` selects must be able to start here, checked before verl builds
+   anything for it (``backends.check_engine_available``: an SGLang run on the CPU backend or without SGLang stops
+   with one message naming the key).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from omegaconf import OmegaConf
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from recipe.nemo_gym import advantage, rollout_correction  # importing advantage registers masked_grpo here
+from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
 logger = logging.getLogger(__name__)
@@ -321,6 +325,7 @@ class NemoGymTaskRunnerV1Impl:
             f"NeMo Gym TaskRunner (v1, {config.trainer.v1.trainer_mode}) on {socket.gethostname()}, pid {os.getpid()}"
         )
         check_separate_async(config)
+        check_engine_available(config)  # before verl builds workers and replicas: the point the engine is needed
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
         warn_unguarded_aborts(config)

@@ -113,7 +113,7 @@ def test_section_errors_name_the_dotted_key(cfg, section, key, fragment):
     [
         ("trainer.use_v1", "yes", "trainer.use_v1='yes'", "must be true"),
         ("algorithm.adv_estimator", "grpo", "algorithm.adv_estimator='grpo'", "masked_grpo"),
-        ("actor_rollout_ref.rollout.name", "sglang", "actor_rollout_ref.rollout.name='sglang'", "set vllm"),
+        ("actor_rollout_ref.rollout.name", "trtllm", "actor_rollout_ref.rollout.name='trtllm'", "vllm and sglang"),
         (
             "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
             None,
@@ -167,6 +167,21 @@ def test_the_manager_class_must_match_the_trainer(cfg):
     load_config(cfg)
     cfg["trainer"]["use_v1"] = False
     assert MANAGER_CLASS in _error(cfg)
+
+
+def test_sglang_is_a_rollout_engine_with_its_tokenizer_on(cfg):
+    rollout = cfg["actor_rollout_ref"]["rollout"]
+    assert load_config(cfg).rollout_name == "vllm"
+    rollout["name"] = "sglang"
+    message = _error(cfg)  # verl's default skip_tokenizer_init (true) leaves SGLang's chat endpoint without one
+    assert "actor_rollout_ref.rollout.skip_tokenizer_init=True: must be false with rollout.name=sglang" in message
+    rollout["skip_tokenizer_init"] = False
+    assert load_config(cfg).rollout_name == "sglang"
+    rollout["disaggregation"] = {"enabled": True}
+    assert "actor_rollout_ref.rollout.disaggregation.enabled=True" in _error(cfg)
+    rollout["name"] = "vllm"  # the SGLang rules are SGLang's only
+    rollout["skip_tokenizer_init"] = True
+    assert load_config(cfg).rollout_name == "vllm"
 
 
 def test_split_needs_the_v1_trainer(cfg):
