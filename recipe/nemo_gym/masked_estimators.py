@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 MIN_VALID = 2
 """A group needs this many valid samples for a baseline; a group masking left smaller gets advantage 0."""
 
+NOTICE = "masked samples kept out of verl's advantage estimators (recipe.nemo_gym.masked_estimators)"
 _WRAPPED = "__ngv_exclude_masked__"
 _INSTALLED = "__ngv_exclude_masked_installed__"
 
@@ -125,13 +126,14 @@ def installed() -> bool:
     return bool(getattr(core_algos, _INSTALLED, False))
 
 
-def install(names: Sequence[str] = MASKABLE_ESTIMATORS) -> bool:
+def install(names: Sequence[str] = MASKABLE_ESTIMATORS) -> str | None:
     """Wrap verl's registered estimators ``names`` and its directly called GRPO with :func:`exclude_masked`, once per
-    process (a second call does nothing). Returns True when this call installed them."""
+    process (a second call does nothing and returns None). Returns the one-line notice of what was wrapped (logged;
+    the task runners print it, since verl's TaskRunner shows no INFO logging)."""
     from verl.trainer.ppo import core_algos
 
     if getattr(core_algos, _INSTALLED, False):
-        return False
+        return None
     wrapped = []
     for name in names:
         fn = core_algos.ADV_ESTIMATOR_REGISTRY.get(name)
@@ -140,8 +142,6 @@ def install(names: Sequence[str] = MASKABLE_ESTIMATORS) -> bool:
             wrapped.append(name)
     core_algos.compute_grpo_outcome_advantage = exclude_masked(core_algos.compute_grpo_outcome_advantage)
     setattr(core_algos, _INSTALLED, True)
-    logger.info(
-        "masked samples excluded from verl's advantage estimators %s (recipe.nemo_gym.masked_estimators)",
-        ", ".join(wrapped),
-    )
-    return True
+    notice = f"{NOTICE}: {', '.join(wrapped)}"
+    logger.info(notice)
+    return notice

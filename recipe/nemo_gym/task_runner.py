@@ -159,7 +159,9 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
 
     def run(self, config: Any) -> None:
         print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
-        masked_estimators.install()  # this process computes the advantages
+        notice = masked_estimators.install()  # this process computes the advantages
+        if notice:
+            print(notice)
         OmegaConf.resolve(config)
         with early_gym_servers(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
             self._run(config)

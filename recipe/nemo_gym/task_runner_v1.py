@@ -322,7 +322,9 @@ class NemoGymTaskRunnerV1Impl:
             f"NeMo Gym TaskRunner (v1, {config.trainer.v1.trainer_mode}) on {socket.gethostname()}, pid {os.getpid()}"
         )
         check_separate_async(config)
-        masked_estimators.install()  # this process computes the advantages
+        notice = masked_estimators.install()  # this process computes the advantages
+        if notice:
+            print(notice)
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
         warn_unguarded_aborts(config)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from recipe.nemo_gym.masked_estimators import NOTICE
 from tests.e2e.test_recipe_cpu_smoke import LEGACY, _parse_steps, _run_recipe, reaped_children  # noqa: F401
 
 pytestmark = pytest.mark.e2e
@@ -52,6 +53,7 @@ def test_gdpo_on_gym_reward_components_on_the_legacy_trainer(tmp_path, reaped_ch
         "trainer.test_freq=-1",
         config_name="nemo_gym_cpu_toy",
     )
+    assert text.count(f"{NOTICE}: grpo, ") == 1, "masked_estimators.install() did not run once in the TaskRunner"
     steps = _parse_steps(text)
     assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     spread = 0.0

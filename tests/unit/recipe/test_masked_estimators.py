@@ -155,7 +155,7 @@ def test_install_wraps_verls_registry_once(installed):
     assert masked_estimators.installed()
     before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
     direct = core_algos.compute_grpo_outcome_advantage
-    assert masked_estimators.install() is False  # the sentinel: nothing wrapped twice
+    assert masked_estimators.install() is None  # the sentinel: nothing wrapped twice
     assert core_algos.ADV_ESTIMATOR_REGISTRY == before and core_algos.compute_grpo_outcome_advantage is direct
     for name in MASKABLE_ESTIMATORS:
         assert getattr(core_algos.ADV_ESTIMATOR_REGISTRY[name], "__ngv_exclude_masked__", False), name
