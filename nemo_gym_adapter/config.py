@@ -59,6 +59,22 @@ DATASET_NAME = "GymJsonlDataset"
 MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
 # verl's actor_rollout_ref.rollout.name values the token-ID patch supports (= recipe.nemo_gym.backends.ENGINES).
 ROLLOUT_ENGINES = ("vllm", "sglang")
+MASKABLE_ESTIMATORS = (
+    "grpo",
+    "grpo_vectorized",
+    "gdpo",
+    "grpo_passk",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "reinforce_plus_plus_baseline",
+    "gpg",
+)
+"""verl's outcome estimators whose masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group
+statistic; with ``masked_grpo``, the values ``algorithm.adv_estimator`` may take."""
+GDPO = "gdpo"
+SESSION_ESTIMATORS = (MASKED_GRPO, "grpo")
+"""The estimators that count a rollout split into several samples (``contiguity: split``) once in its group."""
 
 
 class _Section(BaseModel):
@@ -259,6 +275,7 @@ class RecipeConfig(BaseModel):
     rollout_data_dir: str | None = None  # verl's trainer.rollout_data_dir
     filter_groups_metric: str | None = None  # algorithm.filter_groups.metric when group filtering is on
     gdpo_reward_keys: list[str] = Field(default_factory=list)  # algorithm.gdpo_reward_keys
+    adv_estimator: str = MASKED_GRPO  # algorithm.adv_estimator
 
     @property
     def rollout_dump_dir(self) -> Path | None:
@@ -387,10 +404,18 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
     estimator = _select(cfg, "algorithm.adv_estimator", None)
     need(
         "algorithm.adv_estimator",
-        estimator == MASKED_GRPO,
+        estimator == MASKED_GRPO or estimator in MASKABLE_ESTIMATORS,
         estimator,
-        f"set {MASKED_GRPO}: failed Gym rollouts are masked rows that plain GRPO would count in its group baseline",
+        f"set {MASKED_GRPO} or one of verl's outcome estimators {', '.join(MASKABLE_ESTIMATORS)}: failed Gym rollouts "
+        "are masked rows, which those keep out of every group baseline (recipe.nemo_gym.masked_estimators)",
     )
+    gdpo_keys = _gdpo_keys(cfg, estimator, v1, problems)
+    if gym is not None and v1 and gym.trajectory.contiguity == "split" and estimator not in SESSION_ESTIMATORS:
+        problems.append(
+            f"algorithm.adv_estimator={estimator!r} with nemo_gym.trajectory.contiguity='split': only "
+            f"{' and '.join(SESSION_ESTIMATORS)} count a rollout split into several samples once in its group (verl's "
+            f"v1 trainer hands every other estimator each segment as a group member); set {MASKED_GRPO}"
+        )
     filter_metric = _filter_groups(cfg, v1, problems)
     custom_path = _select(cfg, "data.custom_cls.path", None)
     need(
@@ -446,7 +471,8 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         model_path=str(model_path),
         rollout_data_dir=_rollout_data_dir(cfg),
         filter_groups_metric=filter_metric,
-        gdpo_reward_keys=[str(k) for k in _plain(_select(cfg, "algorithm.gdpo_reward_keys", None)) or []],
+        gdpo_reward_keys=gdpo_keys,
+        adv_estimator=str(estimator),
         rollout_name=str(name),
         **sampling,
     )
@@ -473,6 +499,30 @@ def _filter_groups(cfg: Any, v1: bool, problems: list[str]) -> str | None:
             "rm_scores, where a masked sample counts as a real 0"
         )
     return str(metric) if metric else None
+
+
+def _gdpo_keys(cfg: Any, estimator: Any, v1: bool, problems: list[str]) -> list[str]:
+    """``algorithm.gdpo_reward_keys`` as strings; with ``algorithm.adv_estimator=gdpo`` problems appended: the v1
+    trainer (verl 0.9.1's ``trainer_base._compute_advantage`` hands the estimator no reward components) and an empty
+    list."""
+    raw = _plain(_select(cfg, "algorithm.gdpo_reward_keys", None))
+    keys = [raw] if isinstance(raw, str) else list(raw or [])
+    if estimator != GDPO:
+        return [str(k) for k in keys]
+    if v1:
+        problems.append(
+            f"algorithm.adv_estimator={GDPO!r} (algorithm.gdpo_reward_keys={[str(k) for k in keys]}): verl 0.9.1's v1 "
+            "trainer does not pass reward components to the estimator (trainer_base._compute_advantage fetches only "
+            "uid, response_mask, rm_scores, log-probs and values), so GDPO would fail or silently train on the summed "
+            "reward; set trainer.use_v1=false (the legacy trainer passes them) or use masked_grpo"
+        )
+    bad = [k for k in keys if not isinstance(k, str) or not k]
+    if not keys or bad:
+        problems.append(
+            f"algorithm.gdpo_reward_keys={keys!r}: GDPO needs a list of the environment's reward component names "
+            "(the keys of reward_components in its verify response, e.g. [correctness, format])"
+        )
+    return [str(k) for k in keys]
 
 
 def _rollout_data_dir(cfg: Any) -> str | None:

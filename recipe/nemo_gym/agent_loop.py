@@ -35,12 +35,13 @@ import ray
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 
+from nemo_gym_adapter.config import GDPO
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RowResult
 from nemo_gym_adapter.rollouts.dump import SampleContext
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from recipe.nemo_gym.manager_base import GymManagerBase, server_weight_version
-from recipe.nemo_gym.outcomes import batch_group_metrics, legacy_extras
+from recipe.nemo_gym.outcomes import batch_group_metrics, check_gdpo_keys, legacy_extras
 
 GYM_METRICS_KEY = "nemo_gym_metrics"
 """``meta_info`` key of a training step's metrics (read and removed by ``task_runner.NemoGymPPOTrainer``)."""
@@ -50,11 +51,13 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
     """verl ``AgentLoopManager`` whose rollouts are NeMo Gym ``/run`` calls (see the module docstring)."""
 
     runner: BlockingRolloutCore
+    _gdpo_checked_envs: set[str]
 
     def start(self) -> None:
         super().start()
         assert self.core is not None  # start() built it
         self.runner = BlockingRolloutCore(self.core)  # verl calls generate_sequences synchronously
+        self._gdpo_checked_envs = set()  # environments whose results carried every algorithm.gdpo_reward_keys entry
         self.on_shutdown("rollout core", self.runner.close)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -71,6 +74,8 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
         uids = group_ids(prompts)
         extras: dict[str, np.ndarray] = {}
         if not validate:  # gym_outcome and reward components per sample (recipe.nemo_gym.outcomes)
+            if self.recipe.adv_estimator == GDPO:  # each environment's first valid results carry every GDPO key
+                check_gdpo_keys(step.trajectories, self.recipe.gdpo_reward_keys, self._gdpo_checked_envs)
             taken = {*prompts.non_tensor_batch, *padded.non_tensors}
             extras = legacy_extras(step.trajectories, uids, taken, self.recipe.gdpo_reward_keys)
         output = DataProto.from_dict(tensors=padded.tensors, non_tensors={**padded.non_tensors, **extras})

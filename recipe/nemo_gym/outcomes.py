@@ -9,6 +9,8 @@
   decides a group (and would not move a per-component baseline even where masking is not applied).
 * **Per group**: its verdict (``groups.classify``: signal, same outcome, too few valid, all masked), counted per metrics
   window by :class:`GroupLedger` as ``gym/<scope>/groups/...`` -- with verl's filter on, what was dropped and why.
+* **GDPO's keys**: :func:`check_gdpo_keys`, the first time an environment's valid results reach the legacy trainer,
+  refuses a ``algorithm.gdpo_reward_keys`` entry none of them carries (GDPO would train that component on zeros).
 * **Per rollout**: the readable dump (``rollouts.dump``, ``nemo_gym.rollout_dump``): :func:`rollout_dump` builds it.
 """
 
@@ -22,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from nemo_gym_adapter.config import RecipeConfig
-from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
 from nemo_gym_adapter.rollouts.dump import DumpConfig, RolloutDump
 from nemo_gym_adapter.rollouts.groups import GroupVerdict, classify, group_metrics, masked_fill, reward_extra_info
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
+from nemo_gym_adapter.wire import reward_components
 
 logger = logging.getLogger(__name__)
 
@@ -103,3 +106,28 @@ def legacy_extras(
             "already uses; rename the component in the environment's verify response"
         )
     return {name: np.array([v.get(name, 0.0) for v in values], dtype=np.float32) for name in names}
+
+
+def check_gdpo_keys(trajectories: Sequence[Trajectory], keys: Sequence[str], checked: set[str]) -> None:
+    """Every ``algorithm.gdpo_reward_keys`` entry must be a reward component of at least one valid result of each
+    environment in ``trajectories`` not in ``checked`` yet (an environment with no valid result this step is checked
+    later). Raises :class:`AdapterConfigError` naming the key, the environment and the components its results carry;
+    environments checked are added to ``checked``."""
+    carried: dict[str, set[str]] = {}
+    for t in trajectories:
+        if not t.masked and t.env_name not in checked:
+            carried.setdefault(t.env_name, set()).update(reward_components(t.numeric))
+    problems = [
+        f"algorithm.gdpo_reward_keys[{i}]={key!r}: no result of environment {env!r} carries reward component {key!r} "
+        f"(its results carry {sorted(names) or 'no reward_components'})"
+        for env, names in sorted(carried.items())
+        for i, key in enumerate(keys)
+        if key not in names
+    ]
+    if problems:
+        raise AdapterConfigError(
+            "GDPO would train these components on zeros:\n  "
+            + "\n  ".join(problems)
+            + "\nset algorithm.gdpo_reward_keys to names the environments' verify responses put in reward_components"
+        )
+    checked.update(carried)

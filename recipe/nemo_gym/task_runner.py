@@ -4,7 +4,9 @@
 TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
 
 1. ``masked_grpo`` is registered in this process (verl computes advantages in the TaskRunner, a Ray actor, so
-   registering it in the driver is not enough): importing :mod:`recipe.nemo_gym.advantage` does it.
+   registering it in the driver is not enough): importing :mod:`recipe.nemo_gym.advantage` does it; ``run`` also
+   installs :mod:`recipe.nemo_gym.masked_estimators` (masked samples out of verl's own outcome estimators: ``grpo``,
+   ``gdpo`` with ``algorithm.gdpo_reward_keys``, ``rloo``, ...).
 2. On CPU (``trainer.device=cpu``) the actor role maps to ``cpu.platform.CpuActorRolloutRefWorker`` (plain gloo
    process group; see PLATFORM_NOTES.md). On GPU verl's own worker is used unchanged.
 3. The trainer is :class:`NemoGymPPOTrainer`: verl's ``RayPPOTrainer`` plus the logprob gap between the rollout
@@ -47,7 +49,7 @@ from nemo_gym_adapter.data.env_sampling import EnvWeightedSampler
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from nemo_gym_adapter.rollouts.metrics import scope_name
-from recipe.nemo_gym import rollout_correction
+from recipe.nemo_gym import masked_estimators, rollout_correction
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
 from recipe.nemo_gym.backends import check_engine_available
 
@@ -161,6 +163,9 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
     def run(self, config: Any) -> None:
         print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
         check_engine_available(config)  # before verl builds workers and replicas: the point the engine is needed
+        notice = masked_estimators.install()  # this process computes the advantages
+        if notice:
+            print(notice)
         OmegaConf.resolve(config)
         with early_gym_servers(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
             self._run(config)

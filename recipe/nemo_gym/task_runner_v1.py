@@ -6,7 +6,8 @@
 from ``rollout.agent.agent_loop_manager_class`` created with ``create(config=, llm_client=, teacher_client=,
 reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differences:
 
-1. ``masked_grpo`` is registered in this process (importing :mod:`recipe.nemo_gym.advantage`).
+1. ``masked_grpo`` is registered in this process (importing :mod:`recipe.nemo_gym.advantage`), and ``run`` installs
+   :mod:`recipe.nemo_gym.masked_estimators` (masked samples out of verl's own outcome estimators).
 2. The trainer is verl's registered class for the mode (``get_trainer_cls``: ``sync``, ``colocate_async``,
    ``separate_async``) with :class:`NemoGymTrainerMixin` in front (:func:`nemo_gym_trainer_cls`):
    - on CPU (``trainer.device=cpu``) the actor role runs ``cpu.platform.CpuActorRolloutRefWorker`` (gloo);
@@ -52,7 +53,7 @@ from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
-from recipe.nemo_gym import advantage, rollout_correction  # importing advantage registers masked_grpo here
+from recipe.nemo_gym import advantage, masked_estimators, rollout_correction  # advantage registers masked_grpo
 from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -326,6 +327,9 @@ class NemoGymTaskRunnerV1Impl:
         )
         check_separate_async(config)
         check_engine_available(config)  # before verl builds workers and replicas: the point the engine is needed
+        notice = masked_estimators.install()  # this process computes the advantages
+        if notice:
+            print(notice)
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
         warn_unguarded_aborts(config)

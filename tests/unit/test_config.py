@@ -112,7 +112,7 @@ def test_section_errors_name_the_dotted_key(cfg, section, key, fragment):
     ("path", "value", "key", "fix"),
     [
         ("trainer.use_v1", "yes", "trainer.use_v1='yes'", "must be true"),
-        ("algorithm.adv_estimator", "grpo", "algorithm.adv_estimator='grpo'", "masked_grpo"),
+        ("algorithm.adv_estimator", "gae", "algorithm.adv_estimator='gae'", "masked_grpo"),
         ("actor_rollout_ref.rollout.name", "trtllm", "actor_rollout_ref.rollout.name='trtllm'", "vllm and sglang"),
         (
             "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
@@ -228,3 +228,43 @@ def test_rollout_dump_follows_verls_rollout_data_dir_unless_set_or_off(cfg, tmp_
     assert load_config(cfg).rollout_dump_dir is None
     cfg["nemo_gym"]["rollout_dump"] = {"queue_size": 0}
     assert "nemo_gym.rollout_dump.queue_size" in _error(cfg)
+
+
+@pytest.mark.parametrize("estimator", ["masked_grpo", "grpo", "rloo", "opo"])
+def test_masked_grpo_and_verls_outcome_estimators_are_accepted(cfg, estimator):
+    cfg["algorithm"]["adv_estimator"] = estimator
+    assert load_config(cfg).adv_estimator == estimator
+
+
+def test_gdpo_on_the_legacy_trainer_reads_its_keys(cfg):
+    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=["correctness", "format"])
+    rc = load_config(cfg)
+    assert rc.adv_estimator == "gdpo" and rc.gdpo_reward_keys == ["correctness", "format"]
+
+
+def test_gdpo_on_the_v1_trainer_is_a_start_up_error_naming_the_key(cfg):
+    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=["correctness"])
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    message = _error(cfg)
+    assert "algorithm.adv_estimator='gdpo'" in message and "trainer.use_v1=false" in message, message
+    assert "_compute_advantage" in message, message
+
+
+@pytest.mark.parametrize("keys", [None, [], [""]])
+def test_gdpo_without_reward_keys_is_a_start_up_error(cfg, keys):
+    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=keys)
+    message = _error(cfg)
+    assert "algorithm.gdpo_reward_keys=" in message and "reward_components" in message, message
+
+
+def test_split_rollouts_need_an_estimator_that_counts_a_session_once(cfg):
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "split"}
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    cfg["algorithm"]["adv_estimator"] = "rloo"
+    message = _error(cfg)
+    assert "algorithm.adv_estimator='rloo'" in message and "contiguity='split'" in message, message
+    for estimator in ("grpo", "masked_grpo"):
+        cfg["algorithm"]["adv_estimator"] = estimator
+        load_config(cfg)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
-from recipe.nemo_gym.outcomes import batch_group_metrics, legacy_extras
+from recipe.nemo_gym.outcomes import batch_group_metrics, check_gdpo_keys, legacy_extras
 
 
 def sample(reward, components=None, env="multi"):
@@ -44,3 +44,27 @@ def test_a_component_named_like_a_batch_column_is_an_error_naming_both():
 def test_batch_group_metrics_classify_each_uid():
     m = batch_group_metrics([sample(1.0), sample(1.0), sample(0.0), sample(1.0)], ["a", "a", "b", "b"])
     assert m["gym/all/groups/same_outcome"] == 1 and m["gym/multi/groups/signal"] == 1
+
+
+def test_a_gdpo_key_no_result_carries_is_an_error_naming_the_key_and_the_components_present():
+    checked: set[str] = set()
+    step = [sample(None), sample(2.0, {"correctness": 1.0, "format": 1.0}), sample(0.0, env="quiz")]
+    with pytest.raises(AdapterConfigError) as e:
+        check_gdpo_keys(step, ["correctness", "schema_valid"], checked)
+    message = str(e.value)
+    assert "algorithm.gdpo_reward_keys[1]='schema_valid'" in message and "'multi'" in message, message
+    assert "['correctness', 'format']" in message, message  # what the environment's results do carry
+    assert "environment 'quiz'" in message and "no reward_components" in message, message
+    assert "[0]='correctness': no result of environment 'multi'" not in message, message  # multi carries it
+    assert not checked
+
+
+def test_gdpo_keys_are_checked_once_per_environment_with_a_valid_result():
+    checked: set[str] = set()
+    check_gdpo_keys([sample(None, env="quiz")], ["correctness"], checked)  # all masked: checked later
+    assert not checked
+    check_gdpo_keys([sample(1.0, {"correctness": 1.0}), sample(0.0, {"format": 0.0})], ["correctness"], checked)
+    assert checked == {"multi"}
+    check_gdpo_keys([sample(0.0, {"format": 0.0})], ["correctness"], checked)  # multi already checked
+    with pytest.raises(AdapterConfigError, match="environment 'quiz'"):
+        check_gdpo_keys([sample(1.0, env="quiz")], ["correctness"], checked)
