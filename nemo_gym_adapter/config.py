@@ -24,14 +24,16 @@ the bad value and the fix, and all problems are reported together. Everything el
       attach_timeout_s: 60
       policy_api_key: EMPTY
       env: {}                        # extra environment for Gym's processes
-      patch_vllm: true               # apply the token-ID patch inside every vLLM server actor
+      patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
-      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}}  # contiguity: mask | truncate | split (v1) | raise; verifier_errors: {<env>|_default: mask|reward0}
+      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null}
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
       liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
+      rollout_dump: {dir: null, enable: true, validation: true, max_text_chars: 4000, queue_size: 4096}
+                                     # readable rollouts (rollouts.dump); dir null: <trainer.rollout_data_dir>/gym
 
 The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`recipe.nemo_gym.resolvers`;
 ``${ngv_manager:<use_v1>}`` picks :data:`MANAGER_CLASS_V1` or :data:`MANAGER_CLASS`, the managers checked here.
@@ -55,6 +57,24 @@ MANAGER_CLASS_V1 = "recipe.nemo_gym.agent_loop_tq.NemoGymAgentLoopManagerTQ"  # 
 DATASET_PATH = "pkg://nemo_gym_adapter.data.dataset"
 DATASET_NAME = "GymJsonlDataset"
 MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
+# verl's actor_rollout_ref.rollout.name values the token-ID patch supports (= recipe.nemo_gym.backends.ENGINES).
+ROLLOUT_ENGINES = ("vllm", "sglang")
+MASKABLE_ESTIMATORS = (
+    "grpo",
+    "grpo_vectorized",
+    "gdpo",
+    "grpo_passk",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "reinforce_plus_plus_baseline",
+    "gpg",
+)
+"""verl's outcome estimators whose masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group
+statistic; with ``masked_grpo``, the values ``algorithm.adv_estimator`` may take."""
+GDPO = "gdpo"
+SESSION_ESTIMATORS = (MASKED_GRPO, "grpo")
+"""The estimators that count a rollout split into several samples (``contiguity: split``) once in its group."""
 
 
 class _Section(BaseModel):
@@ -82,6 +102,10 @@ class TrajectorySection(_Section):
     # fabricated score) or reward0 (trained with reward 0: for an environment whose verifier cannot score output it
     # cannot parse, so an untrained model can learn the format). "_default" covers every other environment.
     verifier_errors: dict[str, Literal["mask", "reward0"]] = Field(default_factory=dict)
+    # Sampled tokens whose rollout log-prob is >= this (e.g. -1e-4) are left out of the loss: tokens constrained
+    # decoding forced (grammars, structured outputs, allowed_token_ids), trained off-policy otherwise
+    # (rollouts.forced). null: every sampled token is trained.
+    forced_token_min_logprob: float | None = Field(default=None, le=0)
 
 
 class MetricsSection(_Section):
@@ -100,6 +124,17 @@ class LivenessSection(_Section):
     idle_s: float = Field(3.0, gt=0, description="live replicas idle this long: rows on a dead replica are cut")
     replica_grace_s: float = Field(120.0, gt=0, description="the same when vLLM's load gauges cannot be read")
     max_restarts: int = Field(3, ge=0, description="Gym restarts per run under on_server_down=restart")
+
+
+class RolloutDumpSection(_Section):
+    """``nemo_gym.rollout_dump``: readable JSONL rollouts per step (``rollouts.dump``). On when a directory is known:
+    ``dir``, else ``<trainer.rollout_data_dir>/gym`` (verl's own switch for its dump; ours goes next to it)."""
+
+    dir: str | None = None
+    enable: bool = True
+    validation: bool = Field(True, description="also dump validation rollouts (under val/)")
+    max_text_chars: int = Field(4000, ge=0, description="longer texts are cut; 0: never")
+    queue_size: int = Field(4096, ge=1, description="rows waiting for the writer; a full queue drops rows (counted)")
 
 
 RAY_HEAD_MODES = ("early", "gym")  # nemo_gym.ray_head values that are not a host:port
@@ -164,6 +199,7 @@ class NemoGymConfig(_Section):
     # is restarted before the next step (restart; only a Gym we started, else mask), or the run stops (fail).
     on_server_down: Literal["mask", "restart", "fail"] = "restart"
     liveness: LivenessSection = Field(default_factory=LivenessSection)
+    rollout_dump: RolloutDumpSection = Field(default_factory=RolloutDumpSection)
 
     @field_validator("config_overrides")
     @classmethod
@@ -236,6 +272,22 @@ class RecipeConfig(BaseModel):
     val_top_p: float | None
     n: int
     model_path: str
+    rollout_data_dir: str | None = None  # verl's trainer.rollout_data_dir
+    filter_groups_metric: str | None = None  # algorithm.filter_groups.metric when group filtering is on
+    gdpo_reward_keys: list[str] = Field(default_factory=list)  # algorithm.gdpo_reward_keys
+    adv_estimator: str = MASKED_GRPO  # algorithm.adv_estimator
+
+    @property
+    def rollout_dump_dir(self) -> Path | None:
+        """Where readable rollouts go (``nemo_gym.rollout_dump``), or None when they are off."""
+        dump = self.gym.rollout_dump
+        if not dump.enable:
+            return None
+        if dump.dir is not None:
+            return Path(dump.dir).expanduser()
+        return Path(self.rollout_data_dir).expanduser() / "gym" if self.rollout_data_dir else None
+
+    rollout_name: str = "vllm"  # verl's actor_rollout_ref.rollout.name: the engine (ROLLOUT_ENGINES)
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -341,14 +393,30 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
             "trainer.use_v1=true, or nemo_gym.trajectory.contiguity to mask or truncate"
         )
     name = _select(cfg, "actor_rollout_ref.rollout.name", None)
-    need("actor_rollout_ref.rollout.name", name == "vllm", name, "the token-ID patch is for vLLM; set vllm")
+    need(
+        "actor_rollout_ref.rollout.name",
+        name in ROLLOUT_ENGINES,
+        name,
+        f"the token-ID patch supports {' and '.join(ROLLOUT_ENGINES)}; set one of them",
+    )
+    if name == "sglang":
+        problems.extend(_sglang_problems(cfg))
     estimator = _select(cfg, "algorithm.adv_estimator", None)
     need(
         "algorithm.adv_estimator",
-        estimator == MASKED_GRPO,
+        estimator == MASKED_GRPO or estimator in MASKABLE_ESTIMATORS,
         estimator,
-        f"set {MASKED_GRPO}: failed Gym rollouts are masked rows that plain GRPO would count in its group baseline",
+        f"set {MASKED_GRPO} or one of verl's outcome estimators {', '.join(MASKABLE_ESTIMATORS)}: failed Gym rollouts "
+        "are masked rows, which those keep out of every group baseline (recipe.nemo_gym.masked_estimators)",
     )
+    gdpo_keys = _gdpo_keys(cfg, estimator, v1, problems)
+    if gym is not None and v1 and gym.trajectory.contiguity == "split" and estimator not in SESSION_ESTIMATORS:
+        problems.append(
+            f"algorithm.adv_estimator={estimator!r} with nemo_gym.trajectory.contiguity='split': only "
+            f"{' and '.join(SESSION_ESTIMATORS)} count a rollout split into several samples once in its group (verl's "
+            f"v1 trainer hands every other estimator each segment as a group member); set {MASKED_GRPO}"
+        )
+    filter_metric = _filter_groups(cfg, v1, problems)
     custom_path = _select(cfg, "data.custom_cls.path", None)
     need(
         "data.custom_cls.path",
@@ -401,5 +469,82 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         n=ints["n"],
         max_model_len=max_model_len,
         model_path=str(model_path),
+        rollout_data_dir=_rollout_data_dir(cfg),
+        filter_groups_metric=filter_metric,
+        gdpo_reward_keys=gdpo_keys,
+        adv_estimator=str(estimator),
+        rollout_name=str(name),
         **sampling,
     )
+
+
+OUTCOME_METRIC = "gym_outcome"  # = nemo_gym_adapter.rollouts.groups.OUTCOME_KEY (config imports no package)
+
+
+def _filter_groups(cfg: Any, v1: bool, problems: list[str]) -> str | None:
+    """``algorithm.filter_groups.metric`` when verl's group filter is on (None when off); problems appended."""
+    enabled = _select(cfg, "algorithm.filter_groups.enable", False)
+    if not enabled:
+        return None
+    if not v1:
+        problems.append(
+            "algorithm.filter_groups.enable=true: verl 0.9.1's legacy trainer has no group filtering (only its v1 "
+            "trainer's replay buffer filters groups); set trainer.use_v1=true or algorithm.filter_groups.enable=false"
+        )
+    metric = _select(cfg, "algorithm.filter_groups.metric", None)
+    if metric in (None, "", "reward"):
+        problems.append(
+            f"algorithm.filter_groups.metric={metric!r}: with Gym set {OUTCOME_METRIC} (Gym's verified reward of each "
+            "valid sample; masked samples never decide a group) or a reward component's name; 'reward' reads "
+            "rm_scores, where a masked sample counts as a real 0"
+        )
+    return str(metric) if metric else None
+
+
+def _gdpo_keys(cfg: Any, estimator: Any, v1: bool, problems: list[str]) -> list[str]:
+    """``algorithm.gdpo_reward_keys`` as strings; with ``algorithm.adv_estimator=gdpo`` problems appended: the v1
+    trainer (verl 0.9.1's ``trainer_base._compute_advantage`` hands the estimator no reward components) and an empty
+    list."""
+    raw = _plain(_select(cfg, "algorithm.gdpo_reward_keys", None))
+    keys = [raw] if isinstance(raw, str) else list(raw or [])
+    if estimator != GDPO:
+        return [str(k) for k in keys]
+    if v1:
+        problems.append(
+            f"algorithm.adv_estimator={GDPO!r} (algorithm.gdpo_reward_keys={[str(k) for k in keys]}): verl 0.9.1's v1 "
+            "trainer does not pass reward components to the estimator (trainer_base._compute_advantage fetches only "
+            "uid, response_mask, rm_scores, log-probs and values), so GDPO would fail or silently train on the summed "
+            "reward; set trainer.use_v1=false (the legacy trainer passes them) or use masked_grpo"
+        )
+    bad = [k for k in keys if not isinstance(k, str) or not k]
+    if not keys or bad:
+        problems.append(
+            f"algorithm.gdpo_reward_keys={keys!r}: GDPO needs a list of the environment's reward component names "
+            "(the keys of reward_components in its verify response, e.g. [correctness, format])"
+        )
+    return [str(k) for k in keys]
+
+
+def _rollout_data_dir(cfg: Any) -> str | None:
+    value = _select(cfg, "trainer.rollout_data_dir", None)
+    return str(value) if value else None
+
+
+def _sglang_problems(cfg: Any) -> list[str]:
+    """What ``actor_rollout_ref.rollout.name=sglang`` needs from verl's rollout keys (docs/SGLANG.md)."""
+    problems = []
+    key = "actor_rollout_ref.rollout.skip_tokenizer_init"
+    skip = _select(cfg, key, True)  # verl's default is True
+    if skip is not False:
+        problems.append(
+            f"{key}={skip!r}: must be false with rollout.name=sglang: without a tokenizer SGLang's OpenAI chat "
+            "endpoint (which Gym calls) answers 500 to every request"
+        )
+    key = "actor_rollout_ref.rollout.disaggregation.enabled"
+    disaggregated = _select(cfg, key, False)
+    if disaggregated:
+        problems.append(
+            f"{key}={disaggregated!r}: prefill/decode disaggregation is not supported with NeMo Gym (Gym calls each "
+            "replica's one OpenAI address; the token-ID patch is not applied to the decode servers); set false"
+        )
+    return problems

@@ -1,11 +1,12 @@
-"""What the policy's vLLM servers say about themselves, over their OpenAI HTTP API (no verl, no vLLM import).
+"""What the policy's servers (vLLM or SGLang) say about themselves, over HTTP (no verl, no engine import).
 
 * :func:`read_model_card`: the served model name and ``max_model_len`` from ``GET /v1/models`` of every replica
   (they must all serve the same model; the context length is the smallest any of them reports). verl serves the
   local model path as the name, and Gym must ask for exactly that name.
-* :func:`probe_logprob`: the mean log-probability one replica gives a fixed prompt (``/v1/completions`` with
-  ``prompt_logprobs``), with the weights it serves right now. Read once per step it moves only when the trainer's
-  weight sync changed the engine: a step-over-step check that training reaches the rollout engine.
+* :func:`probe_logprob`: the mean log-probability one replica gives a fixed prompt, with the weights it serves right
+  now: vLLM's ``/v1/completions`` with ``prompt_logprobs`` (``api="completions"``), or SGLang's native ``/generate``
+  with ``logprob_start_len: 0`` (``api="generate"``; its OpenAI API has no prompt log-probs). Read once per step it
+  moves only when the trainer's weight sync changed the engine: a step-over-step check that training reaches it.
 
 Addresses are verl's replica keys, ``"host:port"`` (``"[v6]:port"`` for IPv6), or OpenAI base URLs (``…/v1``);
 :func:`base_url` turns one into the OpenAI base URL Gym's model server is given.
@@ -54,11 +55,11 @@ def read_model_card(replicas: Mapping[str, str], timeout_s: float = 60.0) -> Mod
             with urllib.request.urlopen(url, timeout=timeout_s) as response:
                 card = json.load(response)["data"][0]
         except (OSError, ValueError, KeyError, IndexError) as e:
-            raise ServerError(f"vLLM replica {address} ({label}): GET {url} failed: {e}") from e
+            raise ServerError(f"rollout replica {address} ({label}): GET {url} failed: {e}") from e
         names.add(card["id"])
         lengths.add(card.get("max_model_len"))
     if len(names) != 1:
-        raise ServerError(f"vLLM replicas serve different models: {sorted(names)}")
+        raise ServerError(f"the rollout replicas serve different models: {sorted(names)}")
     return ModelCard(name=names.pop(), max_model_len=min((n for n in lengths if n), default=None))
 
 
@@ -69,24 +70,36 @@ def effective_max_model_len(configured: int | None, served: int | None) -> int |
     return configured or served
 
 
-def probe_logprob(address: str, model: str, token_ids: Sequence[int], timeout_s: float = 60.0) -> float | None:
-    """Mean log-probability of ``token_ids[1:]`` given their prefix, from the replica at ``address``.
+def probe_logprob(
+    address: str, model: str, token_ids: Sequence[int], timeout_s: float = 60.0, *, api: str = "completions"
+) -> float | None:
+    """Mean log-probability of ``token_ids[1:]`` given their prefix, from the replica at ``address``; ``api``:
+    ``completions`` (vLLM) or ``generate`` (SGLang), see the module docstring.
 
     A failed probe never fails a step: it is logged and None is returned (as for a prompt under two tokens).
     """
     ids = [int(t) for t in token_ids]
     if len(ids) < 2:
         return None
-    body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-    request = urllib.request.Request(
-        f"{base_url(address)}/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
+    if api == "generate":
+        url = base_url(address).removesuffix("/v1") + "/generate"
+        sampling = {"max_new_tokens": 1, "temperature": 0.0}
+        body: dict = {"input_ids": ids, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": 0}
+    else:
+        url = f"{base_url(address)}/completions"
+        body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            entries = json.load(response)["choices"][0]["prompt_logprobs"]
-        values = [float(entry[str(tok)]["logprob"]) for tok, entry in zip(ids[1:], entries[1:], strict=True)]
+            answer = json.load(response)
+        if api == "generate":  # SGLang: [(logprob, token id, text)] per prompt token, None for the first
+            entries = answer["meta_info"]["input_token_logprobs"]
+            if [int(e[1]) for e in entries] != ids:
+                raise ValueError("input_token_logprobs are not the probe's tokens")
+            values = [float(e[0]) for e in entries[1:]]
+        else:
+            entries = answer["choices"][0]["prompt_logprobs"]
+            values = [float(entry[str(tok)]["logprob"]) for tok, entry in zip(ids[1:], entries[1:], strict=True)]
     except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
         logger.warning("engine probe on %s failed: %s", address, e)
         return None

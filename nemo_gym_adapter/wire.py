@@ -38,6 +38,11 @@ from pydantic import (
 
 from nemo_gym_adapter.errors import GymServerError
 
+# How the patched engines' abort guards begin the message of a 503 for a generation the engine aborted (a weight
+# sync): "ngv: generation aborted by the vLLM engine" (vllm.abort), "... by the SGLang engine" (sglang.answer). Gym
+# relays it in a failed /run's detail, where rollouts.trajectory finds it (a masked `aborted` row).
+GENERATION_ABORTED = "ngv: generation aborted"
+
 # The fields of Gym 0.7.0's ``NeMoGymResponseCreateParamsNonStreaming``. Gym validates ``/run`` bodies with
 # ``extra="forbid"``, so a typo here (``tool`` for ``tools``) would only surface as an HTTP 422 mid-training;
 # the dataset loader checks against this list up front. Pinned to Gym 0.7.0.
@@ -239,6 +244,54 @@ class GymRunResult(WireModel):
                     if not -(2**63) <= v < 2**63:
                         return f"response.output[{i}].{name}[{j}] = {v}"
         return "a token id"
+
+    def numeric_fields(self) -> dict[str, float]:
+        """Every numeric field of the result for metrics and dumps (item 5 of issue 20; NeMo RL logs them all).
+
+        Top-level ints, floats and bools (as 0/1) other than ``reward`` and ``mask_sample`` (reported on their own)
+        and Gym's ``_``-prefixed ids; each entry of Gym 0.7's multi-reward ``reward_components`` (``nemo_gym.
+        base_resources_server.BaseMultiRewardVerifyResponse``: ``{name: value}``, ``reward`` their sum) as
+        ``reward_components/<name>``. Non-finite values and anything else (strings, lists, nested objects) are left
+        out: a verifier's free-form field never fails a row."""
+        out: dict[str, float] = {}
+        for key, value in (self.model_extra or {}).items():
+            if key.startswith("_") or key in _NOT_RESULT_FIELDS:
+                continue
+            if key == REWARD_COMPONENTS and isinstance(value, Mapping):
+                for name, component in value.items():
+                    number = _finite_number(component)
+                    if number is not None:
+                        out[f"{REWARD_COMPONENTS}/{name}"] = number
+                continue
+            number = _finite_number(value)
+            if number is not None:
+                out[key] = number
+        return out
+
+
+REWARD_COMPONENTS = "reward_components"
+"""Gym 0.7's multi-reward field (``{name: value}``); :meth:`GymRunResult.numeric_fields` keys them
+``reward_components/<name>``."""
+_NOT_RESULT_FIELDS = frozenset({"reward", "mask_sample"})
+
+
+def _finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a finite int, float or bool (bools as 0/1); None otherwise."""
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def reward_components(numeric: Mapping[str, float]) -> dict[str, float]:
+    """The ``reward_components/<name>`` entries of :meth:`GymRunResult.numeric_fields`, as ``{name: value}``."""
+    prefix = f"{REWARD_COMPONENTS}/"
+    return {k[len(prefix) :]: v for k, v in numeric.items() if k.startswith(prefix)}
 
 
 def describe_validation_error(error: ValidationError, *, max_errors: int = 5) -> str:

@@ -49,6 +49,7 @@ DEFAULT_SERVERS = (
     "resources_servers/example_single_tool_call",
     "resources_servers/example_multi_step",
     "resources_servers/string_match",
+    "resources_servers/example_tool_call_multireward",
     "resources_servers/math_with_judge",
     "resources_servers/example_multi_turn_gymnasium",
     "responses_api_agents/simple_agent",

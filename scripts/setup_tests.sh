@@ -5,9 +5,12 @@
 #   .cache/converted-models  SmolLM2-135M-Instruct converted from the PyPI wheel's GGUF (the real-model tests)
 #   .cache/vllm024-venv    verl 0.9.1's GPU vLLM pin (0.24.0), its Python code only, so the 0.20-0.24 hook is executed
 #                          against vLLM 0.24's real classes (scripts/setup_vllm024.sh)
+#   .cache/sglang-venv     verl 0.9.1's SGLang pin (0.5.12), its Python code only, layered on the trainer venv, so the
+#                          SGLang patch is executed against SGLang's real serving code (scripts/setup_sglang.sh)
 #
-# Knobs: those of scripts/setup.sh, plus NGV_SKIP_VLLM024=1 (no vLLM 0.24 venv; its test is skipped) and
-# NGV_SKIP_SMOLLM2=1 (no conversion now; the real-model tests do it on first use).
+# Knobs: those of scripts/setup.sh, plus NGV_SKIP_VLLM024=1 (no vLLM 0.24 venv; its test is skipped),
+# NGV_SKIP_SGLANG=1 (no SGLang venv; its test is skipped) and NGV_SKIP_SMOLLM2=1 (no conversion now; the real-model
+# tests do it on first use).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -46,5 +49,10 @@ if [ "${NGV_SKIP_VLLM024:-0}" = "1" ]; then
   say "NGV_SKIP_VLLM024=1: skipping the vLLM 0.24 test venv (its test is skipped too)"
 else
   NGV_CACHE_DIR="$CACHE" bash scripts/setup_vllm024.sh
+fi
+if [ "${NGV_SKIP_SGLANG:-0}" = "1" ]; then
+  say "NGV_SKIP_SGLANG=1: skipping the SGLang 0.5.12 test venv (its test is skipped too)"
+else
+  NGV_CACHE_DIR="$CACHE" bash scripts/setup_sglang.sh
 fi
 say "done"

@@ -9,7 +9,8 @@ replaced by ``_`` so loggers do not nest it). Definitions:
   Both are omitted when a scope has no unmasked sample (a fake 0 would read as a real score).
 * ``masked_rate``, ``masked_rate/<reason>``: share of samples masked, overall and for every
   :class:`~nemo_gym_adapter.rollouts.trajectory.MaskReason` (always present, so charts have stable keys).
-* ``num_turns_mean``, ``generated_tokens_mean``/``_max`` (sampled tokens), ``truncation_rate``: over unmasked.
+* ``num_turns_mean``, ``generated_tokens_mean``/``_max`` (sampled tokens), ``truncation_rate``: over unmasked;
+  ``forced_token_rate``: the share of their sampled tokens left out of the loss (``rollouts.forced``).
 * ``contiguity_failure_rate``: share of samples whose token history broke (masked or truncated because of it);
   ``contiguity_rate`` is its complement (the on-policy health number people watch).
 * ``failure_kind_rate``: share of results on which Gym named a ``failure_kind`` (masked or not).
@@ -19,6 +20,12 @@ replaced by ``_`` so loggers do not nest it). Definitions:
 
 A *sample* here is one rollout: a rollout split into segments (a tuple of trajectories in the input) counts once,
 masked only when every segment is, with its turns, generated tokens and truncation summed over its unmasked segments.
+
+Per environment only (each environment's verifier has its own fields), means over the unmasked samples that carry
+the field: ``reward_components/<name>`` for each component of Gym's multi-reward results, ``result/<key>`` for every
+other numeric field of Gym's result (``Trajectory.numeric``; NeMo RL logs them all as ``{agent}/{key}``). Bounded:
+at most :data:`MAX_RESULT_KEYS` per environment (components first, then by name); when more exist,
+``result_keys_dropped`` counts the rest.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ import numpy as np
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
 
 ALL_SCOPE = "all"
+MAX_RESULT_KEYS = 64  # numeric result fields logged per environment (a verifier may return many)
+_COMPONENT = "reward_components/"
 
 
 def scope_name(name: str) -> str:
@@ -67,6 +76,8 @@ def _scope_metrics(
         out["generated_tokens_mean"] = float(np.mean(generated))
         out["generated_tokens_max"] = float(max(generated))
         out["truncation_rate"] = float(np.mean([t.truncated for t in valid]))
+        # sampled tokens left out of the loss as forced by constrained decoding (rollouts.forced)
+        out["forced_token_rate"] = sum(t.num_forced for t in valid) / max(1, sum(generated))
     out["contiguity_failure_rate"] = float(np.mean([t.contiguity_failure for t in trajs]))
     out["contiguity_rate"] = 1.0 - out["contiguity_failure_rate"]
     gym_kinds = [t.failure_kind for t in trajs if t.failure_kind and not t.failure_kind.startswith("client:")]
@@ -90,6 +101,7 @@ def _one_rollout(segments: tuple[Trajectory, ...]) -> Trajectory:
         sampled_spans=spans,
         truncated=any(t.truncated for t in valid),
         contiguity_failure=True,
+        forced=np.concatenate([np.zeros(t.num_generated, bool) if t.forced is None else t.forced for t in valid]),
     )
 
 
@@ -111,4 +123,22 @@ def compute_metrics(
     for scope, trajs in scopes.items():
         for name, value in _scope_metrics(trajs, success_threshold).items():
             metrics[f"{prefix}/{scope}/{name}"] = value
+    for env in sorted(by_env):
+        rollouts = [_one_rollout(t) if isinstance(t, tuple) else t for t in by_env[env]]  # a split one counts once
+        for name, value in result_field_metrics(rollouts).items():
+            metrics[f"{prefix}/{env}/{name}"] = value
     return metrics
+
+
+def result_field_metrics(trajs: Sequence[Trajectory], limit: int = MAX_RESULT_KEYS) -> dict[str, float]:
+    """Means of Gym's numeric result fields over the unmasked ``trajs`` carrying each (the module docstring)."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        if not t.masked:
+            for key, value in t.numeric.items():
+                values[key].append(value)
+    keys = sorted(values, key=lambda k: (not k.startswith(_COMPONENT), k))
+    out = {(k if k.startswith(_COMPONENT) else f"result/{k}"): float(np.mean(values[k])) for k in keys[:limit]}
+    if len(keys) > limit:
+        out["result_keys_dropped"] = float(len(keys) - limit)
+    return out

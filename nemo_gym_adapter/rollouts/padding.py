@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from nemo_gym_adapter.rollouts.forced import sampled_positions
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
 
 
@@ -111,8 +112,8 @@ def row_tokens(t: Trajectory, pad_token_id: int) -> tuple[np.ndarray, np.ndarray
 
 
 def fill_sampled(t: Trajectory, mask: np.ndarray, log_probs: np.ndarray, *, where: str) -> None:
-    """Write ``t``'s sampled spans into a response row: ``mask`` 1 and the generation logprobs there (the rest of
-    both rows is left as it is, i.e. 0). One slice copy per span. Raises ``ValueError`` (naming ``where``) when the
+    """Write ``t``'s sampled spans into a response row: ``mask`` 1 (0 on its forced tokens, ``rollouts.forced``) and
+    the generation logprobs there (the rest of both rows is left as it is, i.e. 0). One slice copy per span. Raises ``ValueError`` (naming ``where``) when the
     logprobs do not cover the spans exactly (a ``Trajectory`` invariant; guards hand-built ones)."""
     offset = 0
     for start, end in t.sampled_spans:
@@ -121,6 +122,8 @@ def fill_sampled(t: Trajectory, mask: np.ndarray, log_probs: np.ndarray, *, wher
         offset += end - start
     if offset != len(t.sampled_logprobs):
         raise ValueError(f"{where} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
+    if t.forced is not None:  # sampled, but forced by constrained decoding: not trained (rollouts.forced)
+        mask[sampled_positions(t.sampled_spans)[t.forced]] = 0
 
 
 def _objects(values: list[Any]) -> np.ndarray:

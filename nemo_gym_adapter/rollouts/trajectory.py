@@ -45,9 +45,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError, TokenAlignmentError
+from nemo_gym_adapter.rollouts.forced import forced_tokens
 from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
-from nemo_gym_adapter.vllm.abort import ABORT_MARKER
-from nemo_gym_adapter.wire import GymRunResult, parse_run_result
+from nemo_gym_adapter.wire import GENERATION_ABORTED, GymRunResult, parse_run_result
 
 ContiguityPolicy = Literal["mask", "truncate", "split", "raise"]
 CONTIGUITY_POLICIES = ("mask", "truncate", "split", "raise")
@@ -131,6 +131,9 @@ class TrajectoryConfig:
     # unparseable output, so that an untrained model can still be taught the format. Needs the rollout's tokens: a
     # Gym result carrying them; an HTTP 500 carries none, so it stays masked whatever the policy.
     verifier_errors: Mapping[str, VerifierErrorPolicy] = field(default_factory=dict)
+    # Sampled tokens whose rollout log-prob is >= this are left out of the loss (rollouts.forced): tokens constrained
+    # decoding forced. None: every sampled token is trained.
+    forced_token_min_logprob: float | None = None
     key_prefix: str = "trajectory"
 
     def verifier_error_policy(self, env_name: str) -> VerifierErrorPolicy:
@@ -157,6 +160,8 @@ class TrajectoryConfig:
             bad.append(f"max_model_len={self.max_model_len!r} (must be >= 2 or null)")
         if self.contiguity not in CONTIGUITY_POLICIES:
             bad.append(f"contiguity={self.contiguity!r} (must be one of {', '.join(CONTIGUITY_POLICIES)})")
+        if self.forced_token_min_logprob is not None and not self.forced_token_min_logprob <= 0:
+            bad.append(f"forced_token_min_logprob={self.forced_token_min_logprob!r} (a log-prob: must be <= 0 or null)")
         for env, policy in self.verifier_errors.items():
             if policy not in ("mask", "reward0"):
                 bad.append(f"verifier_errors.{env}={policy!r} (must be 'mask' or 'reward0')")
@@ -200,7 +205,9 @@ class Trajectory:
     """One row's token trajectory (arrays are read-only).
 
     ``sampled_logprobs`` holds the logprobs of the sampled tokens only, concatenated in span order
-    (``len == num_generated``). ``reward`` is what training sees (0 when masked); ``gym_reward`` what Gym reported.
+    (``len == num_generated``). ``reward`` is what training sees (0 when masked); ``gym_reward`` what Gym reported;
+    ``numeric`` every other numeric field of Gym's result (``wire.GymRunResult.numeric_fields``: the verifier's own
+    fields, each reward component as ``reward_components/<name>``), masked or not; empty without a result.
     """
 
     env_name: str
@@ -221,6 +228,12 @@ class Trajectory:
     row_index: int | None = None
     segment: int = 0  # contiguity="split": this trajectory's place among its rollout's segments (rollouts.segments)
     segments: int = 1  # ... and how many the rollout has (1: its calls form one history)
+    numeric: Mapping[str, float] = field(default_factory=dict)  # the result's numeric fields (numeric_fields)
+    forced: np.ndarray | None = None  # over the sampled tokens: left out of the loss (rollouts.forced); None: none
+
+    @property
+    def num_forced(self) -> int:
+        return 0 if self.forced is None else int(self.forced.sum())
 
     @property
     def masked(self) -> bool:
@@ -253,7 +266,7 @@ def failed_trajectory(
 ) -> Trajectory:
     """The masked trajectory of a row the rollout client could not get a result for."""
     reason = _CLIENT_REASONS.get(failure.reason, MaskReason.REQUEST_FAILED)
-    if reason is MaskReason.REQUEST_FAILED and ABORT_MARKER in failure.detail:
+    if reason is MaskReason.REQUEST_FAILED and GENERATION_ABORTED in failure.detail:
         reason = MaskReason.ABORTED
     elif reason is MaskReason.REQUEST_FAILED and getattr(failure, "origin", None) == "environment":
         reason = MaskReason.VERIFIER_ERROR  # the environment's own code raised (no tokens came back: stays masked)
@@ -291,6 +304,7 @@ def build_trajectory(
         latency_s=latency_s,
         row_index=row_index,
         num_turns=len(calls),
+        numeric=result.numeric_fields(),
     )
     first_prompt = calls[0][1].prompt_token_ids if calls else []
     # A masked row keeps its real prompt when it fits (useful in logs), else it gets one pad token at padding.
@@ -388,6 +402,7 @@ def build_trajectory(
         response_ids=_frozen_concat(response_parts, np.int64, end),
         sampled_spans=tuple(spans),
         sampled_logprobs=sampled_logprobs,
+        forced=forced_tokens(sampled_logprobs, config.forced_token_min_logprob),
         reward=reward,
         verifier_error=verifier_error,
         truncated=truncated,

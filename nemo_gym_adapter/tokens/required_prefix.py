@@ -20,7 +20,7 @@ The prefix must *spell* the render up to there: the same text with the same spec
 (:class:`~nemo_gym_adapter.tokens.same_text.SameText`). So a retokenized word passes with the client's ids kept, while
 an edited, truncated or extended message is refused (NeMo RL's server would cut the message at the prefix's end in
 silence). Cost: one comparison of the two sequences; a decode of the tail from their last common turn end only where
-they differ. Pure; imported by :mod:`nemo_gym_adapter.vllm.hooks`.
+they differ. Pure; imported by :mod:`nemo_gym_adapter.tokens.anchor` (both backends splice through it).
 """
 
 from __future__ import annotations

@@ -50,8 +50,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_gym_adapter.vllm.token_fields import attach_token_fields
+from nemo_gym_adapter.wire import GENERATION_ABORTED
 
-ABORT_MARKER = "ngv: generation aborted by the vLLM engine"
+ABORT_MARKER = f"{GENERATION_ABORTED} by the vLLM engine"
 ABORT_MESSAGE = (
     f"{ABORT_MARKER} (finish_reason='abort': the engine was paused for a weight sync, or the request was aborted); "
     "the partial output is withheld so that it is not trained as a finished turn; retry the request"

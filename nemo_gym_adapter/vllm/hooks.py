@@ -25,11 +25,12 @@ ids (or the request carries ``required_prefix_token_ids``, Gym's prefix supply a
    ``default_template_kwargs``, so passing ``add_generation_prompt`` there would be ignored). Fast path: template text
    only, token ids reused from the full render segment by segment (``vllm.prefix_render``, keeps the patched render
    near 1x); otherwise the original hook again, with ``parser=None`` (the first render consumed parser state);
-3. splices (``splice.splice_prompt``; a history edited in place since the model saw it is refused, a history spelled
-   in other tokens than the render's is kept, see ``history_check`` and ``same_text``;
-   ``vllm.patch.apply_patch(assistant_edits=...)`` sets the policy for edited assistant messages), checks
-   ``required_prefix_token_ids``, replaces ``prompt_token_ids``. A required prefix on a conversation without any
-   assistant message is the model prefix by itself (``tokens.required_prefix``: no prefix render, step 2 skipped);
+3. splices (``tokens.anchor.splice_request``, the token math SGLang's hook shares, over ``splice.splice_prompt``; a
+   history edited in place since the model saw it is refused, a history spelled in other tokens than the render's is
+   kept, see ``history_check`` and ``same_text``; ``vllm.patch.apply_patch(assistant_edits=...)`` sets the policy for
+   edited assistant messages), checks ``required_prefix_token_ids``, replaces ``prompt_token_ids``. A required prefix
+   on a conversation without any assistant message is the model prefix by itself (``tokens.required_prefix``: no
+   prefix render, step 2 skipped);
 4. clamps ``max_tokens``/``max_completion_tokens`` so prompt + output <= ``max_model_len``, or raises vLLM's own
    context-length 400 ("This model's maximum context length is N tokens...", which Gym maps to
    ``incomplete_details``). A ``TokenAlignmentError`` becomes a 400 naming the problem.
@@ -55,10 +56,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_gym_adapter.errors import SetupError, TokenAlignmentError
-from nemo_gym_adapter.tokens.required_prefix import KEY as REQUIRED_PREFIX_KEY
-from nemo_gym_adapter.tokens.required_prefix import splice_required_prefix
+from nemo_gym_adapter.tokens.anchor import REQUIRED_PREFIX_KEY, required_prefix, splice_request
+from nemo_gym_adapter.tokens.anchor import Anchor as _Anchor
+from nemo_gym_adapter.tokens.anchor import find_anchor as _find_anchor
 from nemo_gym_adapter.tokens.same_text import SameText
-from nemo_gym_adapter.tokens.splice import last_tokenized_assistant, messages_through, splice_prompt, turn_history
+from nemo_gym_adapter.tokens.splice import messages_through
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate, turn_template_from_tokenizer
 from nemo_gym_adapter.vllm.prefix_render import fast_prefix_ids
 from nemo_gym_adapter.vllm.request_limits import (
@@ -116,51 +118,22 @@ def hook_target_for(version: str) -> HookTarget:
     )
 
 
-@dataclass(frozen=True)
-class _Anchor:
-    """Where the model's own tokens end: message ``index``, its ``model_prefix``, and Gym's required prefix."""
-
-    index: int  # -1: no assistant message at all (the required prefix alone; no prefix render)
-    model_prefix: list[int]
-    required: list[int] | None
-    from_messages: bool = True  # False: Gym's required prefix alone, no per-turn ids to check the history with
-
-
 def _required_prefix(request: Any) -> list[int] | None:
     value = (getattr(request, "model_extra", None) or {}).get(REQUIRED_PREFIX_KEY)
     if value is None:
         value = getattr(request, REQUIRED_PREFIX_KEY, None)  # a future vLLM may make it a real field
-    if value is None or (isinstance(value, list) and not value):
-        return None
-    if not isinstance(value, list) or any(type(t) is not int or t < 0 for t in value):
-        raise TokenAlignmentError(f"{REQUIRED_PREFIX_KEY} must be a list of non-negative int token ids")
-    return value
+    return required_prefix(value)
 
 
 def find_anchor(request: Any, messages: Sequence[Any]) -> _Anchor | None:
-    """The splice anchor of a request, or None to leave the request to stock vLLM.
-
-    None when no assistant message carries ids and no ``required_prefix_token_ids`` is given, or when vLLM's
-    disaggregated-serving reuse (``kv_transfer_params.prompt_token_ids``) already fixes the prompt ids.
-    """
+    """The splice anchor of a request (:func:`nemo_gym_adapter.tokens.anchor.find_anchor`: the last assistant message
+    with ids, else Gym's required prefix at the last assistant message, or at -1 when there is none), or None to
+    leave the request to stock vLLM: also when vLLM's disaggregated-serving reuse (``kv_transfer_params.
+    prompt_token_ids``) already fixes the prompt ids."""
     kv = getattr(request, "kv_transfer_params", None)
     if isinstance(kv, dict) and kv.get("prompt_token_ids"):
         return None
-    required = _required_prefix(request)
-    found = last_tokenized_assistant(messages)
-    if found is not None:
-        return _Anchor(found[0], found[1], required)
-    if required is None:
-        return None
-    # Gym's prefix supply without ids on the messages: the required prefix is the parent call's prompt + generation,
-    # which ends at the last assistant message. The splice's turn count still checks that this holds. No assistant
-    # message at all (NeMo RL's merged-tokens case): -1, the prefix is matched by turn count and text alone.
-    index = next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "assistant"), -1)
-    return _Anchor(index, list(required), required, from_messages=False)
-
-
-def _role(message: Any) -> Any:
-    return message.get("role") if isinstance(message, Mapping) else getattr(message, "role", None)
+    return _find_anchor(messages, _required_prefix(request))
 
 
 def make_wrapper(original: Any) -> Any:
@@ -202,29 +175,20 @@ def make_wrapper(original: Any) -> Any:
         full = engine_inputs[0]
         try:
             template, same_text = _turn_template(self, default_template)
-            if anchor.index < 0:  # the required prefix alone: no assistant message to render a prefix through
-                prompt = splice_required_prefix(
-                    anchor.model_prefix, full["prompt_token_ids"], template, same_text=same_text
-                )
-            else:
+            prefix_ids = None  # the required prefix alone (anchor.index -1): no assistant message to render through
+            if anchor.renders_prefix:
                 prefix_messages = messages_through(messages, anchor.index)
                 prefix_ids = await _render_prefix(original, self, request, prefix_messages, render_args, full)
-                history = turn_history(messages, anchor.index, template.stop_texts) if anchor.from_messages else None
-                prompt = splice_prompt(
-                    anchor.model_prefix,
-                    prefix_ids,
-                    full["prompt_token_ids"],
-                    template,
-                    history,
-                    decode=self.renderer.tokenizer.decode,
-                    assistant_edits=OPTIONS["assistant_edits"],
-                    same_text=same_text,
-                )
-            if anchor.required is not None and prompt[: len(anchor.required)] != anchor.required:
-                raise TokenAlignmentError(
-                    f"{REQUIRED_PREFIX_KEY} ({len(anchor.required)} ids) is not a prefix of the spliced prompt "
-                    f"({len(prompt)} ids): it disagrees with the assistant message's token ids"
-                )
+            prompt = splice_request(
+                anchor,
+                messages,
+                prefix_ids,
+                full["prompt_token_ids"],
+                template,
+                decode=self.renderer.tokenizer.decode,
+                assistant_edits=OPTIONS["assistant_edits"],
+                same_text=same_text,
+            )
             budget.clamp(len(prompt), max_model_len)
         except TokenAlignmentError as e:
             raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e

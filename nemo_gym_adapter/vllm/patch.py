@@ -7,7 +7,8 @@
   output-budget clamp on ``/v1/completions`` (:mod:`nemo_gym_adapter.vllm.request_limits`).
 * :func:`apply_patch_to_actors`: inside verl's live rollout server actors (``vllm_server_{replica}_{node}``, found by
   :func:`find_vllm_server_actors`) through ``actor.__ray_call__``; one :class:`PatchReport` per actor, or a
-  ``ServerError`` naming the actor that failed or did not answer.
+  ``ServerError`` naming the actor that failed or did not answer (the Ray side is
+  :mod:`nemo_gym_adapter.server_actors`, shared with the SGLang patch).
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import re
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from nemo_gym_adapter.errors import ServerError, SetupError
+from nemo_gym_adapter.errors import SetupError
+from nemo_gym_adapter.server_actors import actor_identity, call_on_actors, find_server_actors, sum_on_actors
 from nemo_gym_adapter.tokens.splice import ASSISTANT_EDITS
 from nemo_gym_adapter.vllm.abort import ABORT_GUARD_TARGETS, install_abort_guard
 from nemo_gym_adapter.vllm.hooks import OPTIONS, SENTINEL, hook_target_for, make_harmony_guard, make_wrapper
@@ -30,6 +30,7 @@ from nemo_gym_adapter.vllm.request_limits import make_completion_wrapper
 
 logger = logging.getLogger(__name__)
 
+ACTOR_PREFIX = "vllm_server_"  # verl's vLLMReplica names its server actors vllm_server_{replica}_{node}
 _LOCK = threading.Lock()
 
 
@@ -44,6 +45,12 @@ class PatchReport:
     actor: str | None = None
     node_ip: str | None = None  # the Ray node's IP when applied inside an actor
     assistant_edits: str = "keep_ids"
+
+    backend = "vllm"  # the engine (a class attribute: the SGLang patch's report has the same three names)
+
+    @property
+    def version(self) -> str:
+        return self.vllm_version
 
 
 def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
@@ -107,15 +114,9 @@ def is_patched() -> bool:
 
 def _patch_inside_actor(actor_self: Any, assistant_edits: str = "keep_ids") -> PatchReport:
     """Runs inside a live actor via ``__ray_call__`` (``actor_self`` is the actor instance)."""
-    import ray
-
     report = apply_patch(assistant_edits)
-    name = None
-    try:
-        name = ray.get_runtime_context().get_actor_name()
-    except Exception:  # older Ray, or not in an actor: the report is still useful without a name
-        pass
-    return replace(report, actor=name or type(actor_self).__name__, node_ip=ray.util.get_node_ip_address())
+    name, node_ip = actor_identity(actor_self)
+    return replace(report, actor=name, node_ip=node_ip)
 
 
 def apply_patch_to_actors(
@@ -128,25 +129,9 @@ def apply_patch_to_actors(
     import ``nemo_gym_adapter`` (same venv / runtime env). Returns one report per actor, in order. Raises
     ``ServerError`` naming the first actor that failed or did not answer within ``timeout`` seconds in total.
     """
-    import ray
-    from ray.exceptions import GetTimeoutError
-
-    items: list[tuple[str | None, Any]] = (
-        list(actor_handles.items()) if isinstance(actor_handles, Mapping) else [(None, h) for h in actor_handles]
+    return call_on_actors(
+        actor_handles, _patch_inside_actor, assistant_edits, timeout=timeout, what="vLLM token-ID patch"
     )
-    pending = [
-        (name or _describe_actor(h), h.__ray_call__.remote(_patch_inside_actor, assistant_edits)) for name, h in items
-    ]
-    deadline = time.monotonic() + timeout
-    reports = []
-    for label, ref in pending:
-        try:
-            reports.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
-        except GetTimeoutError as e:
-            raise ServerError(f"vLLM token-ID patch: actor {label} did not answer within {timeout:.0f}s") from e
-        except Exception as e:  # RayTaskError wraps the actor-side error (e.g. SetupError for a wrong vLLM)
-            raise ServerError(f"vLLM token-ID patch failed in actor {label}: {e}") from e
-    return reports
 
 
 def _aborted_inside_actor(actor_self: Any) -> int:
@@ -158,35 +143,11 @@ def _aborted_inside_actor(actor_self: Any) -> int:
 def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> int | None:
     """Sum over the server actors of the generations the abort guard answered 503 (``vllm.abort``); None
     (logged) when any actor does not answer: a metric, never a failed step."""
-    import ray
-
-    try:
-        refs = [h.__ray_call__.remote(_aborted_inside_actor) for h in actor_handles.values()]
-        return int(sum(ray.get(refs, timeout=timeout)))
-    except Exception as e:  # a metric read must not fail a step
-        logger.warning("abort count from the vLLM server actors %s failed: %r", list(actor_handles), e)
-        return None
+    return sum_on_actors(actor_handles, _aborted_inside_actor, timeout)
 
 
-def find_vllm_server_actors(prefix: str = "vllm_server_", all_namespaces: bool = False) -> dict[str, Any]:
-    """verl's rollout server actors by name: ``{prefix}{replica}_{node}[_{suffix}]`` (and PD ``decode_`` servers).
-
-    Reward and teacher servers (``vllm_server_reward_*``, ``vllm_server_teacher_*``) are not included.
-    """
-    import ray
-
-    pattern = re.compile(rf"^{re.escape(prefix)}(decode_)?\d+_\d+(_.+)?$")
-    found = {}
-    for entry in ray.util.list_named_actors(all_namespaces=all_namespaces):
-        name, namespace = (entry["name"], entry.get("namespace")) if isinstance(entry, dict) else (entry, None)
-        if pattern.match(name):
-            found[name] = ray.get_actor(name, namespace=namespace)
-    return dict(sorted(found.items()))
-
-
-def _describe_actor(handle: Any) -> str:
-    try:  # private Ray attributes: only for a readable error message
-        cls = handle._ray_actor_creation_function_descriptor.class_name
-        return f"{cls}({handle._actor_id.hex()})"
-    except Exception:
-        return repr(handle)
+def find_vllm_server_actors(prefix: str = ACTOR_PREFIX, all_namespaces: bool = False) -> dict[str, Any]:
+    """verl's vLLM rollout server actors by name: ``{prefix}{replica}_{node}[_{suffix}]`` (and PD ``decode_``
+    servers; :func:`nemo_gym_adapter.server_actors.find_server_actors`). Reward and teacher servers
+    (``vllm_server_reward_*``, ``vllm_server_teacher_*``) are not included."""
+    return find_server_actors(prefix, all_namespaces)

@@ -16,7 +16,9 @@ Two request checks of the token-ID patch, separate from the splice (:mod:`nemo_g
   ``top_logprobs: null`` as "no log-probs" and answers 200 with ``logprobs: null``, so a trainable turn would lose
   them. :func:`check_logprobs_request` answers 400 naming ``top_logprobs`` instead, as NeMo RL's server does.
 
-No vLLM import at module level (vLLM's validation error is imported when raised); imported by ``vllm.hooks`` and
+The budget arithmetic and the context-length wording are the backend-neutral :mod:`nemo_gym_adapter.tokens.budget`
+(SGLang's hook clamps with it too); what is here is vLLM's: its request objects, its render methods and its 400. No
+vLLM import at module level (vLLM's validation error is imported when raised); imported by ``vllm.hooks`` and
 ``vllm.patch``.
 """
 
@@ -26,15 +28,10 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.tokens.budget import BUDGET_FIELDS, ContextLengthExceeded, clamp_output_budget
 
-BUDGET_FIELDS = ("max_completion_tokens", "max_tokens")  # vLLM reads the first one that is set
 SENTINEL = "__ngv_original__"  # attribute on an installed wrapper, pointing at the original method (= hooks.SENTINEL)
 _T = TypeVar("_T")
-
-
-class ContextLengthExceeded(AdapterError, ValueError):
-    """The prompt leaves no room for a single output token."""
 
 
 def bad_request(message: str, parameter: str) -> Exception:
@@ -42,28 +39,6 @@ def bad_request(message: str, parameter: str) -> Exception:
     from vllm.exceptions import VLLMValidationError
 
     return VLLMValidationError(message, parameter=parameter)
-
-
-def clamp_output_budget(
-    prompt_len: int, max_model_len: int | None, requested: int | None, *, spliced: bool = True
-) -> int | None:
-    """The output budget for a ``prompt_len``-token prompt: ``min(requested, max_model_len - prompt_len)``.
-
-    ``requested`` None stays None (vLLM then uses the rest of the context itself). Raises ``ContextLengthExceeded``
-    with vLLM's own wording when the prompt leaves no room for one output token.
-    """
-    if max_model_len is None:
-        return requested
-    if prompt_len >= max_model_len:
-        out = max(requested or 0, 1)
-        after = " (after the token-ID splice)" if spliced else ""
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested {out} output "
-            f"tokens and your prompt contains {prompt_len} input tokens{after}, for a total of {prompt_len + out} "
-            "tokens. Please reduce the length of the input prompt or the number of requested output tokens."
-        )
-    room = max_model_len - prompt_len
-    return requested if requested is None else min(requested, room)
 
 
 class OutputBudget:

@@ -27,17 +27,21 @@ trainer takes with ``pop_validation_metrics`` (``manager_base.GymManagerBase``) 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import ray
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 
+from nemo_gym_adapter.config import GDPO
 from nemo_gym_adapter.errors import AdapterError
-from nemo_gym_adapter.rollouts.core import BlockingRolloutCore
+from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RowResult
+from nemo_gym_adapter.rollouts.dump import SampleContext
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
-from recipe.nemo_gym.manager_base import GymManagerBase
+from recipe.nemo_gym.manager_base import GymManagerBase, server_weight_version
+from recipe.nemo_gym.outcomes import batch_group_metrics, check_gdpo_keys, legacy_extras
 
 GYM_METRICS_KEY = "nemo_gym_metrics"
 """``meta_info`` key of a training step's metrics (read and removed by ``task_runner.NemoGymPPOTrainer``)."""
@@ -47,11 +51,13 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
     """verl ``AgentLoopManager`` whose rollouts are NeMo Gym ``/run`` calls (see the module docstring)."""
 
     runner: BlockingRolloutCore
+    _gdpo_checked_envs: set[str]
 
     def start(self) -> None:
         super().start()
         assert self.core is not None  # start() built it
         self.runner = BlockingRolloutCore(self.core)  # verl calls generate_sequences synchronously
+        self._gdpo_checked_envs = set()  # environments whose results carried every algorithm.gdpo_reward_keys entry
         self.on_shutdown("rollout core", self.runner.close)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -65,17 +71,39 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
         t1 = time.perf_counter()
         lengths = {"prompt_length": self.recipe.prompt_length, "response_length": self.recipe.response_length}
         padded = pad_trajectories(step.trajectories, **lengths, pad_token_id=self.pad_token_id)
-        output = DataProto.from_dict(tensors=padded.tensors, non_tensors=padded.non_tensors)
+        uids = group_ids(prompts)
+        extras: dict[str, np.ndarray] = {}
+        if not validate:  # gym_outcome and reward components per sample (recipe.nemo_gym.outcomes)
+            if self.recipe.adv_estimator == GDPO:  # each environment's first valid results carry every GDPO key
+                check_gdpo_keys(step.trajectories, self.recipe.gdpo_reward_keys, self._gdpo_checked_envs)
+            taken = {*prompts.non_tensor_batch, *padded.non_tensors}
+            extras = legacy_extras(step.trajectories, uids, taken, self.recipe.gdpo_reward_keys)
+        output = DataProto.from_dict(tensors=padded.tensors, non_tensors={**padded.non_tensors, **extras})
+        self.dump_rows(step.rows, prompts, uids, "val" if validate else "train")
         if validate:
             self.add_validation_rows(step.rows, task_indices(prompts))
             metrics: dict[str, float] = {}
         else:
-            metrics = {**step.metrics, **self.engine_probe_metrics()}
+            metrics = {**step.metrics, **self.engine_probe_metrics(), **batch_group_metrics(step.trajectories, uids)}
             t2 = time.perf_counter()
             metrics.update({"gym/timing/postprocess_s": t2 - t1, "gym/timing/generate_sequences_s": t2 - t0})
-        # "timing" is required by the trainer; no reward_extra_keys: rm_scores is the whole reward.
-        output.meta_info = {"timing": {}, "reward_extra_keys": [], GYM_METRICS_KEY: metrics}
+        # "timing" is required by the trainer; reward_extra_keys: the per-sample columns verl's GDPO, dump and
+        # gdpo/* metrics read (never on validation batches: verl asserts every one of them has the same keys).
+        output.meta_info = {"timing": {}, "reward_extra_keys": sorted(extras), GYM_METRICS_KEY: metrics}
         return output
+
+    def dump_rows(self, rows: Sequence[RowResult], prompts: DataProto, uids: Sequence[Any], partition: str) -> None:
+        """Each row to the readable dump (``nemo_gym.rollout_dump``), when it is on."""
+        if self.dump is None:
+            return
+        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
+        known = [int(v) for v in ray.get(refs, timeout=60) if v is not None] or [0]
+        step = int(prompts.meta_info.get("global_steps", 0) or 0)
+        seen: dict[Any, int] = {}
+        for row, uid, index in zip(rows, uids, task_indices(prompts), strict=True):
+            session = seen[uid] = seen.get(uid, -1) + 1
+            where = SampleContext(step, partition, str(uid), session, index, (min(known), max(known)))
+            self.dump.add(row, where)
 
 
 def gym_rows(prompts: DataProto) -> tuple[list[Mapping[str, Any]], list[str]]:
@@ -90,6 +118,12 @@ def gym_rows(prompts: DataProto) -> tuple[list[Mapping[str, Any]], list[str]]:
     if len(nt["gym_row"]) == 0:
         raise AdapterError("generate_sequences: empty batch")
     return list(nt["gym_row"]), [str(e) for e in np.asarray(nt["gym_env"]).tolist()]
+
+
+def group_ids(prompts: DataProto) -> list[Any]:
+    """Each row's prompt group (verl's ``uid``; its repeats share it), or its position when there is none."""
+    uid = prompts.non_tensor_batch.get("uid")
+    return list(range(len(prompts))) if uid is None else list(np.asarray(uid).tolist())
 
 
 def task_indices(prompts: DataProto) -> list[int]:

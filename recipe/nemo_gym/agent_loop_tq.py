@@ -33,7 +33,11 @@ config error such as prompts longer than ``data.max_prompt_length`` would end th
 and refills ``failure`` groups, which never ends when every prompt fails. Put as masked samples they give exactly
 zero gradient, ``masked_grpo`` leaves them out of their group's baseline (identified by ``response_mask.sum() == 0``),
 every input row still yields an output row, they are counted by reason in ``gym/all/masked_rate/<reason>``, and no
-mode can stall on them.
+mode can stall on them. A masked *training* sample is put when its group settles, carrying the group's
+``reward_extra_info`` fill instead of its own (``recipe.nemo_gym.outcomes``): verl's group filter
+(``algorithm.filter_groups``) then decides on the valid samples' Gym outcomes only; every training sample carries
+``gym_outcome`` and its reward components there. Each group's verdict is counted (``gym/<env>/groups/...``), and with
+``nemo_gym.rollout_dump`` every rollout is also written as a readable JSON line (``rollouts.dump``).
 
 **Weight versions** (``min_global_steps``/``max_global_steps``; verl stamps them in its own LLM client, which Gym
 bypasses): the ``global_steps`` the vLLM servers hold (verl's ``ServerAdapter.update_weights`` sets it after every
@@ -70,10 +74,13 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.loop_thread import LoopThread
 from nemo_gym_adapter.rollouts.core import RowResult
+from nemo_gym_adapter.rollouts.dump import SampleContext
+from nemo_gym_adapter.rollouts.groups import masked_fill
 from nemo_gym_adapter.rollouts.metrics import compute_metrics
 from nemo_gym_adapter.rollouts.samples import sample_tensors
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
-from recipe.nemo_gym.manager_base import GymManagerBase
+from recipe.nemo_gym.manager_base import GymManagerBase, server_weight_version
+from recipe.nemo_gym.outcomes import GroupLedger, sample_extras
 
 logger = logging.getLogger(__name__)
 
@@ -124,11 +131,14 @@ def sample_record(
     pad_token_id: int,
     versions: tuple[int, int],
     output_index: int = 0,
+    reward_extra_info: Mapping[str, float] | None = None,
 ) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """``(key, fields, tags)`` of one sample, as verl's ``AgentLoopWorkerTQ._agent_loop_postprocess`` writes them:
     the sample's tensors, ``num_turns`` and ``extra_fields`` (weight versions, Gym's outcome), then the prompt's own
     columns and ``session_id``. ``versions`` = (min, max) weight version the sample was generated with;
-    ``output_index``: the sample's place among its session's outputs (a split rollout's segment)."""
+    ``output_index``: the sample's place among its session's outputs (a split rollout's segment);
+    ``reward_extra_info`` (training samples: ``gym_outcome`` and the reward components, ``recipe.nemo_gym.outcomes``)
+    goes where verl's replay-buffer group filter reads it."""
     s = sample_tensors(trajectory, pad_token_id=pad_token_id)
     low, high = versions
     fields: dict[str, Any] = {
@@ -144,6 +154,8 @@ def sample_record(
             "gym_truncated": trajectory.truncated,
         },
     }
+    if reward_extra_info is not None:
+        fields["extra_fields"]["reward_extra_info"] = dict(reward_extra_info)
     fields.update(prompt)
     fields["session_id"] = session_id
     fields["multi_modal_inputs"] = {}
@@ -184,9 +196,14 @@ class RolloutWindow:
         return out
 
 
-def _server_weight_version(server: Any) -> int | None:
-    """Runs inside a vLLM server actor: the ``global_steps`` verl's last weight sync set (``set_global_steps``)."""
-    return getattr(server, "global_steps", None)
+@dataclass
+class GroupState:
+    """One prompt of a batch while its samples come back: how many are still out, the trajectories back so far, and
+    the masked training samples held until the group settles (they carry the group's fill, ``outcomes``)."""
+
+    remaining: int
+    members: list[Trajectory] = field(default_factory=list)
+    held: list[tuple[int, int, Trajectory, tuple[int, int]]] = field(default_factory=list)  # (session, k, t, versions)
 
 
 class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
@@ -204,6 +221,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         self._windows = {"train": RolloutWindow(), "val": RolloutWindow()}
         self._probe: dict[str, float] = {}
         self._version: tuple[float, tuple[int, int]] | None = None
+        self._groups = GroupLedger()
 
     # ---- verl's v1 contract -------------------------------------------------------------------------------------
 
@@ -238,6 +256,9 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         out = windows["train"].metrics(prefix, threshold)
         out.update(windows["val"].metrics(f"val-aux/{prefix}", threshold, rollouts=False))
         out.update(probe)
+        out.update(self._groups.drain(prefix))
+        if self.dump is not None:
+            out.update(self.dump.metrics(prefix))
         out[f"{prefix}/v1/batches_in_flight"] = float(inflight)
         return out
 
@@ -254,7 +275,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
             n = int(prompt.pop("__rollout_n__", default_n))
             do_sample = bool(prompt.pop("__do_sample__", True))
             groups.append((prompt, n, do_sample or validate))
-        remaining = [n for _, n, _ in groups]
+        settling = [GroupState(n) for _, n, _ in groups]
         published: set[int] = set()
 
         async def publish(i: int, status: str) -> None:
@@ -276,7 +297,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
             for sampled in (True, False):
                 slots = [(i, s) for i, (_, n, d) in enumerate(groups) if d is sampled for s in range(n)]
                 if slots:
-                    runs.append(self._run_slots(groups, slots, partition, dispatched_version, remaining, publish))
+                    runs.append(self._run_slots(groups, slots, partition, dispatched_version, settling, publish))
             await asyncio.gather(*runs)
         except Exception:  # not on cancellation (shutdown): nothing may wait on TransferQueue then
             for i in range(len(groups)):
@@ -292,7 +313,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         slots: list[tuple[int, int]],
         partition: str,
         dispatched_version: int,
-        remaining: list[int],
+        settling: list[GroupState],
         publish: Any,
     ) -> None:
         """Run the (prompt, session) ``slots`` sharing one sampling mode through the core, putting each sample."""
@@ -302,17 +323,23 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         if not groups[slots[0][0]][2]:  # __do_sample__ = False: greedy, as verl's apply_greedy_sampling_params
             overrides.update(temperature=0.0, top_p=1.0)
 
-        async def on_row(row: RowResult) -> None:
-            i, session = slots[row.index]
-            latest = await self._read_versions_async()
+        async def put(
+            prompt: dict[str, Any], items: list[tuple[int, int, Trajectory, tuple[int, int]]], fill: Any
+        ) -> None:
+            """Put samples ``(session, output index, trajectory, versions)``; training samples carry their
+            ``reward_extra_info`` (a masked one its group's ``fill``)."""
             t0 = time.perf_counter()
-            versions = (dispatched_version, max(latest[1], dispatched_version))
-            samples = (row.trajectory,) if validate else row.samples
             records = [
                 sample_record(
-                    groups[i][0], session, t, pad_token_id=self.pad_token_id, versions=versions, output_index=k
+                    prompt,
+                    session,
+                    t,
+                    pad_token_id=self.pad_token_id,
+                    versions=versions,
+                    output_index=k,
+                    reward_extra_info=None if validate else sample_extras(t, fill),
                 )
-                for k, t in enumerate(samples)
+                for session, k, t, versions in items
             ]
             keys, fields, tags = (list(column) for column in zip(*records, strict=True))
             record = list_of_dict_to_tensordict(fields)
@@ -321,14 +348,38 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
             now = time.perf_counter()
             with self._lock:
                 window = self._windows[partition]
-                window.trajectories.append(row.segments or row.trajectory)
                 window.build_s += t1 - t0
                 window.put_s += now - t1
                 window.last_done = now
+
+        async def on_row(row: RowResult) -> None:
+            i, session = slots[row.index]
+            prompt, state = groups[i][0], settling[i]
+            latest = await self._read_versions_async()
+            versions = (dispatched_version, max(latest[1], dispatched_version))
+            # A split rollout (contiguity: split, training only) is several samples, each with the rollout's outcome.
+            samples = (row.trajectory,) if validate else row.samples
+            state.members.extend(samples)
+            if self.dump is not None:
+                step = int(prompt.get("global_steps") or 0)
+                where = SampleContext(step, partition, str(prompt["uid"]), session, task_index(prompt, i), versions)
+                self.dump.add(row, where)
+            ready = [(session, k, t, versions) for k, t in enumerate(samples) if validate or not t.masked]
+            if ready:
+                await put(prompt, ready, None)
+            # masked ones held until the group settles: verl's group filter must see its valid samples' outcome
+            state.held.extend((session, k, t, versions) for k, t in enumerate(samples) if not validate and t.masked)
+            with self._lock:
+                self._windows[partition].trajectories.append(row.segments or row.trajectory)
             if validate:  # before the group is published finished, so verl's _validate returns after it
-                self.add_validation_rows([row], [task_index(groups[i][0], i)])
-            remaining[i] -= 1
-            if remaining[i] == 0:
+                self.add_validation_rows([row], [task_index(prompt, i)])
+            state.remaining -= 1
+            if state.remaining == 0:
+                if state.held:
+                    metric = self.recipe.filter_groups_metric
+                    await put(prompt, state.held, masked_fill(state.members, [metric] if metric else []))
+                if not validate:
+                    self._groups.add(str(prompt["gym_env"]), state.members)
                 await publish(i, "finished")
 
         rows = [groups[i][0]["gym_row"] for i, _ in slots]
@@ -352,14 +403,14 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
 
     def _read_versions(self) -> tuple[int, int]:
         """(min, max) ``global_steps`` over the replicas now (0 before the first sync)."""
-        refs = [h.__ray_call__.remote(_server_weight_version) for h in self.replica_handles.values()]
+        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
         return self._remember([ray.get(ref, timeout=60) for ref in refs])
 
     async def _read_versions_async(self) -> tuple[int, int]:
         cached = self._version
         if cached is not None and time.monotonic() - cached[0] < VERSION_CACHE_S:
             return cached[1]
-        refs = [h.__ray_call__.remote(_server_weight_version) for h in self.replica_handles.values()]
+        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
         return self._remember(list(await asyncio.gather(*refs)))
 
     def _remember(self, values: list[int | None]) -> tuple[int, int]:

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_gym_adapter import paths, reaper
 from nemo_gym_adapter.config import load_config
-from nemo_gym_adapter.errors import AdapterConfigError, DatasetError
+from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, SetupError
 from recipe.nemo_gym.resolvers import register_resolvers
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ register_resolvers()
 
 
 def run(cfg: DictConfig) -> int:
-    """Validate, then train. Returns the process exit status (2: invalid config)."""
+    """Validate, then train. Returns the process exit status (2: invalid config; 1: the machine cannot run this
+    config, a ``SetupError`` from the TaskRunner's start-up checks, printed as one message)."""
     try:
         load_config(cfg)
         check_rows(cfg)
@@ -85,6 +86,9 @@ def run(cfg: DictConfig) -> int:
         run_ppo(cfg, task_runner_class=task_runner_class(cfg))
         if metrics_path is not None:
             _write_reward_curve(metrics_path)
+    except SetupError as e:  # a start-up check in the TaskRunner (a Ray actor), e.g. backends.check_engine_available
+        print(f"error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
         sweep_gym(run_dir)
@@ -103,7 +107,7 @@ def check_rows(cfg: DictConfig) -> None:
     for key in ("train_files", "val_files"):
         files = OmegaConf.select(cfg, f"data.{key}", default=None)
         if files:
-            paths = OmegaConf.to_container(files) if OmegaConf.is_config(files) else files
+            paths = OmegaConf.to_container(files, resolve=True) if OmegaConf.is_config(files) else files
             load_for_config(paths, cfg.data, check_only=True)
 
 

@@ -2,12 +2,14 @@
 
 verl creates a rollout manager from ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` with
 ``create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)``: the legacy trainer in
-``RayPPOTrainer.init_workers`` (after ``LLMServerManager.create`` started the vLLM replicas ``vllm_server_{r}_{node}``),
-the v1 trainer in ``main_ppo.init_agent_loop_manager``. :class:`GymManagerBase` does, once, at creation:
+``RayPPOTrainer.init_workers`` (after ``LLMServerManager.create`` started the rollout replicas, e.g.
+``vllm_server_{r}_{node}``), the v1 trainer in ``main_ppo.init_agent_loop_manager``. The engine is verl's own
+``actor_rollout_ref.rollout.name`` (vLLM or SGLang, :mod:`recipe.nemo_gym.backends`). :class:`GymManagerBase` does,
+once, at creation:
 
 1. find the replicas behind ``llm_client``: their "ip:port" from verl's load balancer, their Ray actor handles by
    verl's actor names, matched through each server's own ``get_server_address`` (:func:`find_replicas`);
-2. apply the token-ID patch inside each server actor and check every report (:func:`patch_replicas`);
+2. apply the engine's token-ID patch inside each server actor and check every report (:func:`patch_replicas`);
 3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``), the tokenizer's
    pad id and the engine probe's token ids;
 4. start NeMo Gym with the replicas as its policy (:func:`gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
@@ -57,9 +59,11 @@ from nemo_gym_adapter.gym.warm import WarmLauncher, claim_early_warm, start_warm
 from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig
 from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
+from nemo_gym_adapter.rollouts.dump import RolloutDump
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 from nemo_gym_adapter.rollouts.validation import ValidationPass
-from nemo_gym_adapter.vllm.patch import PatchReport, aborted_turns, apply_patch_to_actors, find_vllm_server_actors
+from recipe.nemo_gym.backends import ENGINES, Engine, engine_named
+from recipe.nemo_gym.outcomes import rollout_dump
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +90,7 @@ class GymManagerBase:
             raise AdapterError("distillation (a teacher model) is not supported with NeMo Gym rollouts; disable it")
         # Validated at start-up by the recipe already; again here because the trainer may be started another way.
         self.recipe: RecipeConfig = load_config(config, check_files=False)
+        self.engine: Engine = engine_named(self.recipe.rollout_name)  # verl's rollout.name: vLLM or SGLang
         self.gym: GymServers | None = None
         self.ray_head: GymRayHead | None = None  # Gym's Ray head (nemo_gym.ray_head: early), stopped at shutdown
         self.warm: WarmLauncher | None = None  # Gym's launcher, pre-imported (nemo_gym.warm_launcher)
@@ -93,7 +98,7 @@ class GymManagerBase:
         self.replicas: dict[str, str] = {}  # "ip:port" -> server actor name
         self.replica_endpoints: list[ReplicaEndpoint] = []  # per replica, in verl's order
         self.replica_handles: dict[str, Any] = {}  # server actor name -> Ray actor handle
-        self.patch_reports: list[PatchReport] = []  # per replica actor
+        self.patch_reports: list[Any] = []  # per replica actor (the engine's PatchReport)
         self.gym_host: HostChoice | None = None  # where a Gym we start listens, and why
         self.served_model_name: str | None = None
         self.max_model_len: int | None = self.recipe.max_model_len
@@ -104,6 +109,7 @@ class GymManagerBase:
         self._closed = False
         self._validation: ValidationPass | None = None  # the validation rows since the last pop
         self._validation_lock = threading.Lock()  # the v1 manager adds from its event-loop thread
+        self.dump: RolloutDump | None = None  # readable rollouts (nemo_gym.rollout_dump), when on
 
     @classmethod
     @auto_await
@@ -123,16 +129,20 @@ class GymManagerBase:
         t0 = time.perf_counter()
         self.ray_head = self._claim_ray_head()  # first: it comes up while the replicas are found and patched
         self.warm = self._claim_warm()  # next: it imports meanwhile
-        self.replica_endpoints, handles = find_replicas(self.llm_client)
+        self.replica_endpoints, handles = find_replicas(self.llm_client, self.engine)
         self.replica_handles = dict(handles)
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
         if self.recipe.gym.patch_vllm:
-            self.patch_reports = patch_replicas(handles, self.recipe.gym.assistant_edits)
+            self.patch_reports = patch_replicas(handles, self.engine, self.recipe.gym.assistant_edits)
         t1 = time.perf_counter()
         card = read_model_card(self.replicas)
         self.served_model_name = card.name
         self.max_model_len = effective_max_model_len(self.recipe.max_model_len, card.max_model_len)
-        self.pad_token_id, self.probe_ids = tokenizer_ids(self.model_config, self.recipe.model_path)
+        tokenizer = load_tokenizer(self.model_config)
+        self.pad_token_id, self.probe_ids = tokenizer_ids(tokenizer, self.recipe.model_path)
+        self.dump = rollout_dump(self.recipe, tokenizer)
+        if self.dump is not None:
+            self.on_shutdown("rollout dump", self.dump.close)  # after the rollouts in flight (registered later)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
         routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len)
@@ -230,17 +240,19 @@ class GymManagerBase:
 
     def engine_probe_metrics(self) -> dict[str, float]:
         """``gym/engine/probe_logprob_mean``: the first replica's mean log-probability of :data:`policy.PROBE_TEXT`
-        with the weights it serves now (``policy.probe_logprob``); it moves only when a weight sync reached vLLM.
-        ``gym/engine/aborted_turns_total`` (patched replicas): model calls vLLM aborted and the abort guard sent back
-        to Gym for a retry (``vllm.abort``; cumulative). Each key is left out when it cannot be read (a failed read
-        never fails a step)."""
+        with the weights it serves now (``policy.probe_logprob``, the engine's own API); it moves only when a weight
+        sync reached the engine. ``gym/engine/aborted_turns_total`` (patched replicas): model
+        calls the engine aborted and the patch's abort guard sent back to Gym for a retry (``vllm.abort``,
+        ``sglang.answer``; cumulative). Each key is left out when it cannot be read (a failed read never fails a
+        step)."""
         if not self.replicas or self.served_model_name is None:
             return {}
-        probe = probe_logprob(next(iter(self.replicas)), self.served_model_name, self.probe_ids)
+        address = next(iter(self.replicas))
+        probe = probe_logprob(address, self.served_model_name, self.probe_ids, api=self.engine.probe_api)
         metrics = {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
         if self.recipe.gym.patch_vllm and self.replica_handles:
-            # Chat completions vLLM aborted (async weight syncs) that the guard sent back to Gym for a retry.
-            aborted = aborted_turns(self.replica_handles)
+            # Chat completions the engine aborted (async weight syncs) that the guard sent back to Gym for a retry.
+            aborted = self.engine.aborted_turns(self.replica_handles)
             if aborted is not None:
                 metrics["gym/engine/aborted_turns_total"] = float(aborted)
         return metrics
@@ -259,30 +271,44 @@ class GymManagerBase:
                 logger.exception("stopping the %s failed", what)
 
 
-def tokenizer_ids(model_config: Any, model_path: str) -> tuple[int, list[int]]:
-    """The pad id (EOS when the tokenizer has no pad) and the engine probe's token ids, from verl's model config."""
+def load_tokenizer(model_config: Any) -> Any:
+    """The tokenizer of verl's model config (``actor_rollout_ref.model``)."""
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
-    tokenizer = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
+    return omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
+
+
+def tokenizer_ids(tokenizer: Any, model_path: str) -> tuple[int, list[int]]:
+    """The pad id (EOS when the tokenizer has no pad) and the engine probe's token ids."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
         raise AdapterError(f"actor_rollout_ref.model.path={model_path}: tokenizer has no pad/eos token")
     return int(pad), [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
 
 
-def find_replicas(llm_client: Any) -> tuple[list[ReplicaEndpoint], dict[str, Any]]:
+def server_weight_version(server: Any) -> int | None:
+    """Runs inside a rollout server actor (vLLM or SGLang): the ``global_steps`` verl's last weight sync set
+    (``set_global_steps``, the same attribute on both of verl's servers)."""
+    return getattr(server, "global_steps", None)
+
+
+def find_replicas(llm_client: Any, engine: Engine = ENGINES["vllm"]) -> tuple[list[ReplicaEndpoint], dict[str, Any]]:
     """``([endpoint per replica], {actor name: handle})`` of the rollout servers behind ``llm_client``.
 
     Addresses come from verl's load balancer (what the trainer's own agent loop routes to). ``LLMServerClient``
     keeps its balancer handle private, so without one we fall back to the actors' own addresses. Handles are found
-    by verl's actor names (``vllm_server_{replica}_{node}``, how verl's ServerAdapter finds them too).
+    by verl's actor names (``vllm_server_{replica}_{node}``, ``sglang_server_...``: ``engine.actor_prefix``; how
+    verl's ServerAdapter finds them too).
     """
     balancer = getattr(llm_client, "_load_balancer", None)
     wanted = list(ray.get(balancer.get_all_servers.remote(), timeout=60)) if balancer is not None else None
-    actors = find_vllm_server_actors()
+    actors = engine.find_actors()
     if not actors:
-        raise ServerError("no vLLM server actors (vllm_server_*) in this Ray namespace: were the replicas started?")
+        raise ServerError(
+            f"no {engine.label} server actors ({engine.actor_prefix}*) in this Ray namespace: were the replicas "
+            f"started? (actor_rollout_ref.rollout.name={engine.name})"
+        )
     by_address = {ep.address: ep for ep in replica_endpoints(actors)}
     addresses = wanted if wanted is not None else sorted(by_address)
     unknown = [a for a in addresses if a not in by_address]
@@ -294,27 +320,30 @@ def find_replicas(llm_client: Any) -> tuple[list[ReplicaEndpoint], dict[str, Any
     endpoints = [by_address[a] for a in addresses]
     # Each replica must advertise its own node's address: Gym (maybe on another host) calls exactly these.
     for warning in check_replica_endpoints(endpoints, ray.util.get_node_ip_address()):
-        logger.warning("vLLM replica address: %s", warning)
+        logger.warning("%s replica address: %s", engine.label, warning)
     return endpoints, {ep.actor: actors[ep.actor] for ep in endpoints}
 
 
-def patch_replicas(handles: Mapping[str, Any], assistant_edits: str = "keep_ids") -> list[PatchReport]:
-    """The token-ID patch inside every server actor; a missing or hook-less report is a ``ServerError``."""
-    reports = apply_patch_to_actors(
-        handles, assistant_edits=assistant_edits
-    )  # raises ServerError naming the failing actor
+def patch_replicas(
+    handles: Mapping[str, Any], engine: Engine = ENGINES["vllm"], assistant_edits: str = "keep_ids"
+) -> list[Any]:
+    """The engine's token-ID patch inside every server actor; a missing, hook-less or other-engine report is a
+    ``ServerError``. Each report (``vllm.patch.PatchReport``, ``sglang.patch.PatchReport``) is logged: actor, pid,
+    node, hook, engine and version."""
+    reports = engine.apply_patch(handles, assistant_edits)  # raises ServerError naming the failing actor
     if len(reports) != len(handles):
         raise ServerError(f"token-ID patch: {len(reports)} reports for {len(handles)} actors {list(handles)}")
     for name, report in zip(handles, reports, strict=True):
-        if not report.hook:
-            raise ServerError(f"token-ID patch: actor {name} reported no hook ({report})")
+        if not report.hook or report.backend != engine.name:
+            raise ServerError(f"token-ID patch: actor {name} reported no {engine.label} hook ({report})")
         logger.info(
-            "token-ID patch in %s (pid %d on %s): %s, vLLM %s",
+            "token-ID patch in %s (pid %d on %s): %s, %s %s",
             name,
             report.pid,
             report.node_ip,
             report.hook,
-            report.vllm_version,
+            engine.label,
+            report.version,
         )
     return reports
 
@@ -359,6 +388,7 @@ def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> Trajec
         contiguity=recipe.gym.trajectory.contiguity,
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
         verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
+        forced_token_min_logprob=recipe.gym.trajectory.forced_token_min_logprob,
         key_prefix="nemo_gym.trajectory",
     )
 

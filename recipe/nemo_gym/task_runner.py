@@ -4,7 +4,9 @@
 TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
 
 1. ``masked_grpo`` is registered in this process (verl computes advantages in the TaskRunner, a Ray actor, so
-   registering it in the driver is not enough): importing :mod:`recipe.nemo_gym.advantage` does it.
+   registering it in the driver is not enough): importing :mod:`recipe.nemo_gym.advantage` does it; ``run`` also
+   installs :mod:`recipe.nemo_gym.masked_estimators` (masked samples out of verl's own outcome estimators: ``grpo``,
+   ``gdpo`` with ``algorithm.gdpo_reward_keys``, ``rloo``, ...).
 2. On CPU (``trainer.device=cpu``) the actor role maps to ``cpu.platform.CpuActorRolloutRefWorker`` (plain gloo
    process group; see PLATFORM_NOTES.md). On GPU verl's own worker is used unchanged.
 3. The trainer is :class:`NemoGymPPOTrainer`: verl's ``RayPPOTrainer`` plus the logprob gap between the rollout
@@ -19,6 +21,8 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
    every environment's share of rows.
 6. Gym's Ray head (``nemo_gym.ray_head: early``) starts first, before the datasets and workers, so it is up by the
    time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
+7. Before that, the engine ``actor_rollout_ref.rollout.name`` selects must be able to start here
+   (``backends.check_engine_available``: an SGLang run on the CPU backend or without SGLang stops, naming the key).
 
 verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
 ``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
@@ -43,9 +47,11 @@ import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this p
 from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.data.env_sampling import EnvWeightedSampler
 from nemo_gym_adapter.gym.early import early_gym_servers
+from nemo_gym_adapter.rollouts.groups import batch_signal
 from nemo_gym_adapter.rollouts.metrics import scope_name
-from recipe.nemo_gym import rollout_correction
+from recipe.nemo_gym import masked_estimators, rollout_correction
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
+from recipe.nemo_gym.backends import check_engine_available
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +124,14 @@ class NemoGymPPOTrainer(RayPPOTrainer):
                 batch.batch["response_mask"],
                 batch.non_tensor_batch.get("gym_env"),
             )
+        if "uid" in batch.non_tensor_batch and "rm_scores" in batch.batch:  # the groups this step learns from
+            gap.update(
+                batch_signal(
+                    list(batch.non_tensor_batch["uid"]),
+                    batch.batch["rm_scores"].sum(dim=-1).tolist(),
+                    (batch.batch["response_mask"].sum(dim=-1) > 0).tolist(),
+                )
+            )
         output = super()._update_actor(batch)
         # The trainer reduces these lists (mean; max for keys containing "max") and logs them this step.
         output.meta_info["metrics"].update({k: [v] for k, v in {**gym_metrics, **gap}.items()})
@@ -148,6 +162,10 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
 
     def run(self, config: Any) -> None:
         print(f"NeMo Gym TaskRunner on {socket.gethostname()}, pid {os.getpid()}")
+        check_engine_available(config)  # before verl builds workers and replicas: the point the engine is needed
+        notice = masked_estimators.install()  # this process computes the advantages
+        if notice:
+            print(notice)
         OmegaConf.resolve(config)
         with early_gym_servers(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
             self._run(config)

@@ -6,7 +6,8 @@
 from ``rollout.agent.agent_loop_manager_class`` created with ``create(config=, llm_client=, teacher_client=,
 reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differences:
 
-1. ``masked_grpo`` is registered in this process (importing :mod:`recipe.nemo_gym.advantage`).
+1. ``masked_grpo`` is registered in this process (importing :mod:`recipe.nemo_gym.advantage`), and ``run`` installs
+   :mod:`recipe.nemo_gym.masked_estimators` (masked samples out of verl's own outcome estimators).
 2. The trainer is verl's registered class for the mode (``get_trainer_cls``: ``sync``, ``colocate_async``,
    ``separate_async``) with :class:`NemoGymTrainerMixin` in front (:func:`nemo_gym_trainer_cls`):
    - on CPU (``trainer.device=cpu``) the actor role runs ``cpu.platform.CpuActorRolloutRefWorker`` (gloo);
@@ -32,6 +33,9 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    checkpoint engine other than ``naive`` that imports here, ``actor_rollout_ref.hybrid_engine=false``; verl's
    ``flush=True`` INFO log that kills that configuration is avoided (:func:`quiet_separate_async_info_log`); on CPU
    verl's ``DetachActorWorker`` gets the gloo process group too (``cpu.platform.CpuDetachActorWorker``).
+7. The engine ``actor_rollout_ref.rollout.name`` selects must be able to start here, checked before verl builds
+   anything for it (``backends.check_engine_available``: an SGLang run on the CPU backend or without SGLang stops
+   with one message naming the key).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ import ray
 from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
-from recipe.nemo_gym import advantage, rollout_correction  # importing advantage registers masked_grpo here
+from nemo_gym_adapter.rollouts.groups import batch_signal
+from recipe.nemo_gym import advantage, masked_estimators, rollout_correction  # advantage registers masked_grpo
+from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
 logger = logging.getLogger(__name__)
@@ -129,7 +135,7 @@ class NemoGymTrainerMixin:
         batch = super()._compute_old_log_prob(batch, metrics)  # type: ignore[misc]
         import transfer_queue as tq
 
-        fields = ["old_log_probs", "rollout_log_probs", "response_mask"]
+        fields = ["old_log_probs", "rollout_log_probs", "response_mask", "rm_scores"]
         try:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         except Exception as e:  # bypass mode or no rollout logprobs: nothing to compare
@@ -139,6 +145,10 @@ class NemoGymTrainerMixin:
         metrics.update(
             logprob_gap_metrics(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
         )
+        # The groups this step learns from: with verl's group filter on, none without signal (rollouts.groups).
+        uids = [key.split("_")[0] for key in batch.keys]
+        valid = (padded["response_mask"].sum(dim=-1) > 0).tolist()
+        metrics.update(batch_signal(uids, padded["rm_scores"].sum(dim=-1).tolist(), valid))
         return batch
 
     def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
@@ -316,6 +326,10 @@ class NemoGymTaskRunnerV1Impl:
             f"NeMo Gym TaskRunner (v1, {config.trainer.v1.trainer_mode}) on {socket.gethostname()}, pid {os.getpid()}"
         )
         check_separate_async(config)
+        check_engine_available(config)  # before verl builds workers and replicas: the point the engine is needed
+        notice = masked_estimators.install()  # this process computes the advantages
+        if notice:
+            print(notice)
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
         warn_unguarded_aborts(config)

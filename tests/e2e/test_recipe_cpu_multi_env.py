@@ -8,12 +8,17 @@ nothing under ``timing_s/gym/``), each environment got its weighted half of the 
 calls per rollout and toy_choice one; the validation passes log per-environment validation reward under verl's
 naming (``val-core/<env>/reward/mean@1``) and ours (``val-core/<env>/gym/reward_mean``) plus each environment's own
 Gym ``/aggregate_metrics``; the run's reward-curve PNG has one series per environment; no process is left behind.
-Lean on purpose (CI budget): 4 rows x 2 samples per step, 8 greedy validation rows.
+With ``trainer.rollout_data_dir`` set, the readable dump (``nemo_gym.rollout_dump``) has a line per rollout of every
+training step and validation pass: toy_lookup's two tool calls with their names and arguments, the tool's output in
+between, each call's decoded generation; toy_choice's letter. Lean on purpose (CI budget): 4 rows x 2 samples per
+step, 8 greedy validation rows.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +43,7 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
         # verl needs each micro batch to divide the step's BATCH x N samples (the config's 64 fits 8 x 8).
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
+        f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",  # verl's dump, and ours next to it (rollouts/gym/)
         config_name="nemo_gym_cpu_multi_env",
     )
     steps = _parse_steps(text)
@@ -67,6 +73,7 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
             assert m[f"val-aux/{env}/gym/num_samples"] == 4.0
             assert [k for k in m if k.startswith(f"val-core/{env}/gym_aggregate/")], (step, env, sorted(m))
             assert f"val-aux/{env}/gym_aggregate/failed" not in m
+    _check_readable_rollouts(tmp_path / "rollouts" / "gym", steps)
     curve = load_reward_curve(tmp_path / "gym" / "metrics.jsonl")
     assert set(curve.reward) == {"all", *ENVS}
     assert (tmp_path / "gym" / "reward_curve.png").is_file()
@@ -77,3 +84,35 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
     assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
+
+
+def _check_readable_rollouts(root: Path, steps: dict[int, dict[str, float]]) -> None:
+    for step in range(1, STEPS + 1):
+        lines = [json.loads(x) for x in (root / "train" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert len(lines) == BATCH * N, (step, len(lines))
+        assert {r["env"] for r in lines} == set(ENVS)
+        for r in lines:
+            assert r["partition"] == "train" and r["step"] == step and isinstance(r["row_index"], int)
+            assert r["uid"] and r["session"] in range(N) and r["weight_version"] == {"min": step - 1, "max": step - 1}
+            assert r["prompt"] and r["prompt_tokens"] > 0 and r["generated_tokens"] > 0
+            assert len(r["model_calls"]) == r["num_turns"] and all(c["generated"] for c in r["model_calls"])
+            if r["env"] == "toy_lookup_simple_agent":
+                calls = [t for t in r["turns"] if t["type"] == "tool_call"]
+                assert len(calls) == 2 and all(c["name"] and c["arguments"] for c in calls), r["turns"]
+                assert any(t["type"] == "tool_output" and t["output"] for t in r["turns"]), r["turns"]
+                assert "<tool_call>" in r["model_calls"][0]["generated"]
+                assert r["model_calls"][1]["context_added"]  # the tool's answer, as the model was given it
+                assert "accuracy" in r["result"] and "set_overlap" in r["result"], r["result"]  # the verifier's fields
+            else:
+                assert r["model_calls"][0]["generated"].removesuffix("<|im_end|>") in ("A", "B", "C", "D")
+    for step in (0, STEPS):
+        val = [json.loads(x) for x in (root / "val" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert len(val) == 8 and all(r["partition"] == "val" for r in val)
+    # every numeric field of Gym's results, per environment: toy_lookup's verifier reports accuracy and set_overlap
+    # (its accuracy is its reward), string_match (toy_choice) only strings
+    last = steps[STEPS]
+    lookup, choice = "toy_lookup_simple_agent", "toy_choice_simple_agent"
+    assert last[f"gym/{lookup}/result/accuracy"] == last[f"gym/{lookup}/reward_mean"], sorted(last)
+    assert f"gym/{lookup}/result/set_overlap" in last and not [k for k in last if k.startswith(f"gym/{choice}/result/")]
+    # forced_token_min_logprob (on in this config) drops the tokens toy_lookup's grammar forced, none of toy_choice's
+    assert last[f"gym/{lookup}/forced_token_rate"] > 0.2 and last[f"gym/{choice}/forced_token_rate"] == 0.0

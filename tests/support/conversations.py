@@ -77,16 +77,20 @@ def plain_messages(messages: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.endswith("_ids") and k != "generation_log_probs"} for m in messages]
 
 
-def expected_prompt(tokenizer: Any, family: str, turn: dict, prev: dict) -> list[int]:
+def expected_prompt(
+    tokenizer: Any, family: str, turn: dict, prev: dict, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """The exact prompt ids a patched server must build for ``turn``, independent of the splice code (text level, by
-    count): the previous turn's history ids + the template text after the last tokenized assistant message."""
+    count): the previous turn's history ids + the template text after the last tokenized assistant message.
+    ``tools``: as the server hands them to the template (default :data:`TOOLS`; SGLang adds its own keys)."""
+    tools = TOOLS if tools is None else tools
     messages = plain_messages(turn["messages"])
     for m in messages:  # vLLM parses tool-call arguments before templating
         for call in m.get("tool_calls") or []:
             call["function"] = {**call["function"], "arguments": json.loads(call["function"]["arguments"])}
     k = max(i for i, m in enumerate(turn["messages"]) if "generation_token_ids" in m)
-    full = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-    head = tokenizer.apply_chat_template(messages[: k + 1], tools=TOOLS, tokenize=False, add_generation_prompt=False)
+    full = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    head = tokenizer.apply_chat_template(messages[: k + 1], tools=tools, tokenize=False, add_generation_prompt=False)
     term = TERMINATOR[family]
     cut = -1
     for _ in range(head.count(term)):  # the n-th terminator of the full text closes message k

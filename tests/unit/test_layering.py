@@ -1,6 +1,7 @@
 """The tree shows the architecture: every module of the library sits in its component's package, imports point one
-way (recipe -> rollouts -> gym / vllm -> data / tokens -> plumbing) and no two modules import each other, directly or
-round a loop -- lazy imports inside functions and ``TYPE_CHECKING`` imports included.
+way (recipe -> rollouts -> gym / vllm / sglang -> data / tokens -> plumbing; the two engines' packages never import
+each other) and no two modules import each other, directly or round a loop -- lazy imports inside functions and
+``TYPE_CHECKING`` imports included.
 
 Read from the source with ``ast`` (nothing is imported), so a violation is named with the importing file and line.
 """
@@ -14,8 +15,30 @@ REPO = Path(__file__).resolve().parents[2]
 LIB = "nemo_gym_adapter"
 
 # Rank of each part: a module may import parts of a lower rank or its own package; plumbing imports no package.
-PLUMBING = {"config", "console", "errors", "paths", "procs", "reaper", "loop_thread", "progress", "policy", "wire"}
-RANK = {"plumbing": 0, "tokens": 1, "data": 1, "demo_models": 1, "gym": 2, "vllm": 2, "rollouts": 3, "collect": 4}
+PLUMBING = {
+    "config",
+    "console",
+    "errors",
+    "paths",
+    "procs",
+    "reaper",
+    "loop_thread",
+    "progress",
+    "policy",
+    "server_actors",
+    "wire",
+}
+RANK = {
+    "plumbing": 0,
+    "tokens": 1,
+    "data": 1,
+    "demo_models": 1,
+    "gym": 2,
+    "vllm": 2,
+    "sglang": 2,
+    "rollouts": 3,
+    "collect": 4,
+}
 RECIPE_RANK = 5
 
 
@@ -130,3 +153,15 @@ def test_the_checks_see_what_they_check():
     _, graph = _graph()
     assert any(t == "nemo_gym_adapter.tokens.splice" for t, _ in graph["nemo_gym_adapter.vllm.hooks"])
     assert sum(len(v) for v in graph.values()) > 150
+
+
+def test_the_engine_packages_share_the_token_math_and_never_each_other():
+    """vLLM's and SGLang's hooks run the same splice (tokens.anchor), and neither package imports the other (same
+    rank: the one-way check above refuses it; this names the intent)."""
+    _, graph = _graph()
+    for engine in ("vllm", "sglang"):
+        assert any(t == "nemo_gym_adapter.tokens.anchor" for t, _ in graph[f"{LIB}.{engine}.hooks"]), engine
+    crossing = [
+        (m, t) for m, imports in graph.items() for t, _ in imports if {_part(m), _part(t)} == {"vllm", "sglang"}
+    ]
+    assert not crossing, crossing

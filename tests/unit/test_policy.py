@@ -15,7 +15,8 @@ from nemo_gym_adapter.procs import free_port
 
 
 class FakeVllm:
-    """``GET /v1/models`` and ``POST /v1/completions`` (prompt_logprobs) the way vLLM answers them."""
+    """``GET /v1/models`` and ``POST /v1/completions`` (prompt_logprobs) the way vLLM answers them; ``POST /generate``
+    (prompt log-probs) the way SGLang's native API answers it."""
 
     def __init__(self, name: str = "m", max_model_len: int | None = 2048, logprob: float = -2.0) -> None:
         fake = self
@@ -37,6 +38,11 @@ class FakeVllm:
             def do_POST(self) -> None:
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append(request)
+                if self.path == "/generate":  # SGLang's native API: (logprob, id, text), None for the first token
+                    ids = request["input_ids"]
+                    logprobs = [(None, ids[0], None)] + [(fake.logprob, t, None) for t in ids[1:]]
+                    self._send({"meta_info": {"input_token_logprobs": logprobs}})
+                    return
                 entries = [None] + [{str(t): {"logprob": fake.logprob}} for t in request["prompt"][1:]]
                 self._send({"choices": [{"prompt_logprobs": entries}]})
 
@@ -87,3 +93,10 @@ def test_probe_is_the_mean_prompt_logprob_and_never_raises(replicas):
     assert replicas[0].requests[0]["prompt_logprobs"] == 0 and replicas[0].requests[0]["max_tokens"] == 1
     assert probe_logprob(replicas[0].address, "m", [5]) is None  # nothing to score
     assert probe_logprob(f"127.0.0.1:{free_port()}", "m", [5, 6], timeout_s=2) is None
+
+
+def test_the_sglang_probe_reads_the_native_generate_prompt_logprobs(replicas):
+    assert probe_logprob(replicas[0].address, "m", [5, 6, 7], api="generate") == -2.0
+    sent = replicas[0].requests[0]
+    assert (sent["input_ids"], sent["logprob_start_len"], sent["return_logprob"]) == ([5, 6, 7], 0, True)
+    assert sent["sampling_params"]["max_new_tokens"] == 1

@@ -38,3 +38,19 @@ def test_unusable_gym_python_names_it_and_the_fix(tmp_path):
     assert result.returncode != 0
     assert f"NGV_GYM_PYTHON={tmp_path / 'no-python'} does not run" in result.stderr
     assert "FAILED during: Gym venv" in result.stderr
+
+
+def test_sglang_test_venv_check_says_what_to_run(tmp_path):
+    """scripts/setup_sglang.sh (called by setup_tests.sh) with nothing built and installs forbidden: it names the fix."""
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup_sglang.sh")],
+        env={**os.environ, "NGV_SETUP_NO_INSTALL": "1", "NGV_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if "the trainer venv" in result.stderr and "is not set up" in result.stderr:
+        pytest.skip("no trainer venv here")
+    assert result.returncode != 0
+    assert f"the SGLang 0.5.12 test venv ({tmp_path}/sglang-venv) is not set up" in result.stderr
+    assert "run scripts/setup_tests.sh" in result.stderr

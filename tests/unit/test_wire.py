@@ -8,7 +8,13 @@ import pytest
 from pydantic import ValidationError
 
 from nemo_gym_adapter.errors import GymServerError
-from nemo_gym_adapter.wire import RESPONSES_CREATE_PARAMS_FIELDS, AgentRef, parse_dataset_row, parse_run_result
+from nemo_gym_adapter.wire import (
+    RESPONSES_CREATE_PARAMS_FIELDS,
+    AgentRef,
+    parse_dataset_row,
+    parse_run_result,
+    reward_components,
+)
 
 
 def _result(output, **extra):
@@ -138,3 +144,34 @@ def test_ids_without_one_log_prob_each_parse_and_are_listed(log_probs):
     r = parse_run_result(_result([item, {"type": "message", **IDS}]))
     assert r.calls_without_log_probs() == [0]
     assert [i for i, _ in r.model_calls()] == [0, 1]
+
+
+def test_numeric_fields_are_every_number_of_the_result_with_the_reward_components():
+    """Gym 0.7's multi-reward result (stock example_tool_call_multireward's shape): components are kept as
+    ``reward_components/<name>``, top-level numbers (bools as 0/1) as themselves; reward, mask_sample, Gym's ``_ng``
+    ids, strings, lists and non-finite numbers are left out."""
+    result = parse_run_result(
+        {
+            "reward": 2.0,
+            "response": {"output": []},
+            "mask_sample": False,
+            "reward_components": {"correctness": 1.0, "schema_valid": 1, "format": 0.0, "note": "x"},
+            "correctness": 1.0,
+            "format": 0,
+            "ok": True,
+            "nan": float("nan"),
+            "huge": 10**400,
+            "predicted_calls": [{"name": "get_weather"}],
+            "expected": "A",
+            "_ng_task_index": 3,
+        }
+    )
+    assert result.numeric_fields() == {
+        "reward_components/correctness": 1.0,
+        "reward_components/schema_valid": 1.0,
+        "reward_components/format": 0.0,
+        "correctness": 1.0,
+        "format": 0.0,
+        "ok": 1.0,
+    }
+    assert reward_components(result.numeric_fields()) == {"correctness": 1.0, "schema_valid": 1.0, "format": 0.0}

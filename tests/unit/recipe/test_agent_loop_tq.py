@@ -18,6 +18,7 @@ from nemo_gym_adapter.rollouts.segments import trajectories_from_outcome
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig, trajectory_from_outcome
 from recipe.nemo_gym import agent_loop_tq
 from recipe.nemo_gym.agent_loop_tq import NemoGymAgentLoopManagerTQ, RolloutWindow, sample_record, split_prompts
+from recipe.nemo_gym.outcomes import GroupLedger
 from tests.support.gym_results import CFG, E0, G0, G1, P0, PAD, FakeFailure, FakeOutcome, handmade_multiturn
 
 
@@ -46,7 +47,9 @@ class FakeTransferQueue:
 
 class FakeCore:
     """Stands in for ``RolloutCore``: every row comes back (in a shuffled order); rows whose Gym row says
-    ``{"fail": true}`` time out (masked), the others are a contiguous two-turn trajectory."""
+    ``{"fail": true}`` time out (masked), ``{"fail_once": true}`` only the first of its samples to come back; the
+    others are a contiguous two-turn trajectory with reward ``i % 2`` (or the row's ``reward``, and its
+    ``components`` as Gym's ``reward_components``)."""
 
     metrics_prefix = "gym"
     routes = SimpleNamespace(
@@ -62,15 +65,22 @@ class FakeCore:
         self.calls.append({"rows": list(rows), "envs": list(envs), "overrides": dict(overrides or {})})
         order = list(range(len(rows)))
         self.rng.shuffle(order)
+        seen: set[int] = set()
         for i in order:
-            if rows[i].get("fail"):
+            fail_once = rows[i].get("fail_once") and id(rows[i]) not in seen
+            seen.add(id(rows[i]))
+            if rows[i].get("fail") or fail_once:
                 outcome = FakeOutcome(i, 0.1, failure=FakeFailure("timeout", "fake"))
             elif rows[i].get("rewritten"):  # the second call does not extend the first: 2 segments under split
                 result = handmade_multiturn(P0, [G0, G1], [E0], reward=1.0)
                 result["response"]["output"][-1]["prompt_token_ids"] = P0 + [9]
                 outcome = FakeOutcome(i, 0.1, result=result)
             else:
-                outcome = FakeOutcome(i, 0.1, result=handmade_multiturn(P0, [G0, G1], [E0], reward=float(i % 2)))
+                reward = float(rows[i].get("reward", i % 2))
+                result = handmade_multiturn(P0, [G0, G1], [E0], reward=reward)
+                if "components" in rows[i]:
+                    result = {**result, "reward_components": rows[i]["components"], "accuracy": reward}
+                outcome = FakeOutcome(i, 0.1, result=result)
             samples = trajectories_from_outcome(outcome, env_name=envs[i], config=self.config)
             await asyncio.sleep(0)
             await on_row(RowResult(i, envs[i], outcome, samples[0], samples if len(samples) > 1 else ()))
@@ -88,6 +98,7 @@ def manager(core: FakeCore, n: int = 3) -> NemoGymAgentLoopManagerTQ:
         val_top_p=1.0,
         response_length=32,
         gym=SimpleNamespace(metrics=SimpleNamespace(success_threshold=None, gym_aggregate=False)),
+        filter_groups_metric="gym_outcome",
     )
     m.config = SimpleNamespace(
         actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(val_kwargs=SimpleNamespace(n=1)))
@@ -102,6 +113,8 @@ def manager(core: FakeCore, n: int = 3) -> NemoGymAgentLoopManagerTQ:
     m._probe = {}
     m._version = None
     m._inflight = set()
+    m._groups = GroupLedger()
+    m.dump = None
     return m
 
 
@@ -295,3 +308,59 @@ def test_a_split_rollout_is_put_as_one_key_per_segment_of_its_session(monkeypatc
     val_tq = FakeTransferQueue()
     run(m, val_tq, monkeypatch, prompts({"rewritten": True}), partition="val")
     assert [e[2] for e in val_tq.events if e[0] == "put"] == ["u0_0_0"]
+
+
+class FakeDump:
+    def __init__(self) -> None:
+        self.rows: list[tuple[RowResult, Any]] = []
+
+    def add(self, row: RowResult, ctx: Any) -> None:
+        self.rows.append((row, ctx))
+
+    def metrics(self, prefix: str = "gym") -> dict[str, float]:
+        return {f"{prefix}/dump/written_total": float(len(self.rows))}
+
+
+def test_training_samples_carry_the_gym_outcome_and_masked_ones_their_groups_valid_outcome(monkeypatch):
+    """verl's group filter reads extra_fields.reward_extra_info: every training sample carries gym_outcome and the
+    reward components; a masked sample is put once its group settled, carrying the valid samples' values, so a group
+    of valid 1s plus a masked sample has zero spread (dropped) and an all-masked group is dropped too."""
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=3)
+    m.dump = FakeDump()
+    same = {"reward": 1.0, "fail_once": True, "components": {"correct": 1.0, "format": 0.0}}
+    run(m, fake_tq, monkeypatch, prompts(same, {"fail": True}, {"q": 2}))
+    puts = {e[2]: e for e in fake_tq.events if e[0] == "put"}
+    info = {key: e[3]["extra_fields"]["reward_extra_info"] for key, e in puts.items()}
+    assert {info[f"u0_{s}_0"]["gym_outcome"] for s in range(3)} == {1.0}  # the masked one carries the valid 1.0
+    assert all(info[f"u0_{s}_0"]["correct"] == 1.0 and info[f"u0_{s}_0"]["format"] == 0.0 for s in range(3))
+    masked_key = next(k for k, e in puts.items() if k.startswith("u0_") and e[3]["response_mask"].sum() == 0)
+    settled = next(
+        i for i, e in enumerate(fake_tq.events) if e[0] == "tag" and e[2] == "u0" and e[3]["status"] == "finished"
+    )
+    held = next(i for i, e in enumerate(fake_tq.events) if e[0] == "put" and e[2] == masked_key)
+    valid_puts = [
+        i for i, e in enumerate(fake_tq.events) if e[0] == "put" and e[2].startswith("u0_") and e[2] != masked_key
+    ]
+    assert max(valid_puts) < held < settled  # held until the group's last sample, put before it is finished
+    assert {info[f"u1_{s}_0"]["gym_outcome"] for s in range(3)} == {0.0}  # all masked
+    outcomes = [info[f"u2_{s}_0"]["gym_outcome"] for s in range(3)]
+    assert len(set(outcomes)) == 2  # rewards 0 and 1 (i % 2): kept
+    metrics = m.drain_metrics()
+    assert metrics["gym/all/groups/finished"] == 3
+    assert metrics["gym/all/groups/same_outcome"] == 1 and metrics["gym/all/groups/all_masked"] == 1
+    assert metrics["gym/all/groups/signal"] == 1 and metrics["gym/env_a/groups/no_signal_rate"] == pytest.approx(2 / 3)
+    assert metrics["gym/env_a/reward_components/correct"] == 1.0 and metrics["gym/env_a/result/accuracy"] == 1.0
+    contexts = [ctx for _, ctx in m.dump.rows]
+    assert len(contexts) == 9 and {c.partition for c in contexts} == {"train"} and {c.step for c in contexts} == {3}
+    assert sorted((c.uid, c.session) for c in contexts) == [(f"u{p}", s) for p in range(3) for s in range(3)]
+    assert {c.row_index for c in contexts if c.uid == "u2"} == {2} and {c.weight_version for c in contexts} == {(2, 2)}
+
+
+def test_validation_samples_carry_no_reward_extra_info_and_are_put_at_once(monkeypatch):
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=2)
+    run(m, fake_tq, monkeypatch, prompts({"fail": True}, {"q": 1}), partition="val")
+    puts = [e for e in fake_tq.events if e[0] == "put"]
+    assert len(puts) == 2 and all("reward_extra_info" not in e[3]["extra_fields"] for e in puts)
+    assert "gym/all/groups/finished" not in m.drain_metrics()

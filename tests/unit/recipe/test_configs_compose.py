@@ -111,8 +111,32 @@ def test_cpu_config_carries_the_cpu_actor_settings():
 def test_a_broken_override_is_reported_with_its_key():
     from nemo_gym_adapter.errors import AdapterConfigError
 
-    with pytest.raises(AdapterConfigError, match=r"actor_rollout_ref\.rollout\.name='sglang'"):
-        load_config(_compose("nemo_gym_single_env", ("actor_rollout_ref.rollout.name=sglang",)))
+    with pytest.raises(AdapterConfigError, match=r"actor_rollout_ref\.rollout\.name='trtllm'"):
+        load_config(_compose("nemo_gym_single_env", ("actor_rollout_ref.rollout.name=trtllm",)))
+
+
+@pytest.mark.parametrize("name", PRIMARY_CONFIGS)
+def test_rollout_name_sglang_composes_and_stops_where_the_engine_is_needed_on_this_machine(name):
+    """``actor_rollout_ref.rollout.name=sglang`` alone: every shipped config composes and validates with it (the base
+    sets what SGLang needs), the managers' engine is SGLang's, and on a machine without SGLang (or on the CPU backend)
+    the TaskRunner's check before verl builds the replicas stops with one message naming the key."""
+    import importlib.util
+
+    from nemo_gym_adapter.errors import SetupError
+    from recipe.nemo_gym.backends import check_engine_available, engine_of
+
+    cfg = _compose(name, ("actor_rollout_ref.rollout.name=sglang",))
+    assert load_config(cfg).rollout_name == "sglang"
+    assert cfg.actor_rollout_ref.rollout.skip_tokenizer_init is False
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.sglang.tool_call_parser == "qwen"
+    assert engine_of(cfg).actor_prefix == "sglang_server_"
+    cpu = cfg.trainer.device == "cpu"
+    if not cpu and importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed here: a GPU config may start")
+    with pytest.raises(SetupError, match="actor_rollout_ref.rollout.name=sglang cannot start here") as e:
+        check_engine_available(cfg)
+    assert ("trainer.device=cpu" in str(e.value)) == cpu
+    check_engine_available(_compose(name))  # vLLM, as shipped: nothing to stop
 
 
 def test_verl_config_dir_is_found_without_importing_verl():
@@ -210,7 +234,8 @@ def test_gpu_configs_checkpoint_and_resume_and_cpu_configs_start_fresh(name):
 def test_a_bad_row_stops_the_run_before_anything_starts(tmp_path, capsys):
     from recipe.nemo_gym.main import check_rows, run
 
-    check_rows(_compose("nemo_gym_cpu"))  # the shipped rows pass
+    for name in PRIMARY_CONFIGS:  # the shipped rows pass, their paths interpolated (${ngv_configs:...})
+        check_rows(_compose(name))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"responses_create_params": {"input": "hi"}}\n{"responses_create_params": {"input": 7}}\n')
     cfg = _compose("nemo_gym_cpu", (f"data.train_files=[{bad}]",))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from nemo_gym_adapter.rollouts.metrics import compute_metrics
+from nemo_gym_adapter.rollouts.metrics import MAX_RESULT_KEYS, compute_metrics
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
 
 
@@ -89,3 +90,30 @@ def test_env_named_all_does_not_shadow_the_overall_scope_and_empty_input():
     assert m["x/all/num_samples"] == 2 and m["x/env_all/num_samples"] == 1
     assert compute_metrics([]) == {}
     assert not any(math.isnan(v) for v in m.values())
+
+
+def test_every_numeric_result_field_and_reward_component_per_environment_over_unmasked_samples():
+    def with_fields(env, numeric, masked=None):
+        return replace(traj(env, masked=masked), numeric=numeric)
+
+    trajs = [
+        with_fields("tools", {"reward_components/correct": 1.0, "reward_components/format": 0.0, "accuracy": 1.0}),
+        with_fields("tools", {"reward_components/correct": 0.0, "reward_components/format": 1.0, "accuracy": 0.5}),
+        with_fields("tools", {"reward_components/correct": 1.0, "accuracy": 9.0}, masked=MaskReason.MASK_SAMPLE),
+        with_fields("quiz", {"set_overlap": 0.25}),
+        traj("quiz"),  # a result without the field: not counted in its mean
+    ]
+    m = compute_metrics(trajs)
+    assert m["gym/tools/reward_components/correct"] == 0.5 and m["gym/tools/reward_components/format"] == 0.5
+    assert m["gym/tools/result/accuracy"] == 0.75  # the masked sample's 9.0 is not a measurement
+    assert m["gym/quiz/result/set_overlap"] == 0.25
+    assert not [k for k in m if k.startswith("gym/all/result") or k.startswith("gym/all/reward_components")]
+    assert "gym/tools/result/set_overlap" not in m and "gym/tools/result_keys_dropped" not in m
+
+
+def test_result_fields_are_bounded_per_environment_components_first():
+    numeric = {f"field_{i:03d}": float(i) for i in range(MAX_RESULT_KEYS + 5)} | {"reward_components/z": 1.0}
+    m = compute_metrics([replace(traj("big"), numeric=numeric)])
+    logged = [k for k in m if k.startswith("gym/big/result/") or k.startswith("gym/big/reward_components/")]
+    assert len(logged) == MAX_RESULT_KEYS and "gym/big/reward_components/z" in m
+    assert m["gym/big/result_keys_dropped"] == 6.0

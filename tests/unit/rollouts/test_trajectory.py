@@ -363,3 +363,15 @@ def test_verifier_error_policies_must_name_agents_of_the_running_gym():
     policy.check_envs(["env_a", "env_b"])
     with pytest.raises(AdapterConfigError, match=r"verifier_errors: \['env_x'\] name no agent .*\['env_a'\]"):
         TrajectoryConfig(prompt_length=8, response_length=8, verifier_errors={"env_x": "reward0"}).check_envs(["env_a"])
+
+
+def test_trajectories_keep_the_results_numeric_fields_masked_or_not():
+    payload = handmade_multiturn(P0, [G0, G1], [E0], reward=2.0)
+    payload = {**payload, "reward_components": {"correct": 1.0, "format": 1.0}, "accuracy": 0.5, "label": "x"}
+    assert build(payload).numeric == {
+        "reward_components/correct": 1.0,
+        "reward_components/format": 1.0,
+        "accuracy": 0.5,
+    }
+    masked = build({**payload, "mask_sample": True})
+    assert masked.masked and masked.numeric["accuracy"] == 0.5  # for the dump: what Gym said about a masked row

@@ -1,0 +1,133 @@
+"""What a finished Gym rollout tells verl's trainer besides its tokens, the same on both trainers.
+
+* **Per sample**: ``gym_outcome`` (Gym's verified reward) and each reward component of Gym's multi-reward results
+  (``reward_components: {name: value}``, Gym 0.7's ``BaseMultiRewardVerifyResponse``) -- on v1 as the sample's
+  ``extra_fields.reward_extra_info`` (what verl's replay-buffer group filter reads: ``algorithm.filter_groups.metric``),
+  on the legacy trainer as ``non_tensor_batch`` columns named in ``meta_info["reward_extra_keys"]`` (what verl's GDPO
+  reads through ``algorithm.gdpo_reward_keys``, and its rollout dump and ``gdpo/<key>/*`` metrics). A masked sample
+  carries its group's :func:`~nemo_gym_adapter.rollouts.groups.masked_fill` instead of its own zeros, so it never
+  decides a group (and would not move a per-component baseline even where masking is not applied).
+* **Per group**: its verdict (``groups.classify``: signal, same outcome, too few valid, all masked), counted per metrics
+  window by :class:`GroupLedger` as ``gym/<scope>/groups/...`` -- with verl's filter on, what was dropped and why.
+* **GDPO's keys**: :func:`check_gdpo_keys`, the first time an environment's valid results reach the legacy trainer,
+  refuses a ``algorithm.gdpo_reward_keys`` entry none of them carries (GDPO would train that component on zeros).
+* **Per rollout**: the readable dump (``rollouts.dump``, ``nemo_gym.rollout_dump``): :func:`rollout_dump` builds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+
+from nemo_gym_adapter.config import RecipeConfig
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
+from nemo_gym_adapter.rollouts.dump import DumpConfig, RolloutDump
+from nemo_gym_adapter.rollouts.groups import GroupVerdict, classify, group_metrics, masked_fill, reward_extra_info
+from nemo_gym_adapter.rollouts.trajectory import Trajectory
+from nemo_gym_adapter.wire import reward_components
+
+logger = logging.getLogger(__name__)
+
+
+def rollout_dump(recipe: RecipeConfig, tokenizer: Any) -> RolloutDump | None:
+    """The readable-rollout writer of ``nemo_gym.rollout_dump``, or None when it is off."""
+    root = recipe.rollout_dump_dir
+    if root is None:
+        return None
+    settings = recipe.gym.rollout_dump
+    config = DumpConfig(root, settings.validation, settings.max_text_chars, settings.queue_size)
+    logger.info("readable rollouts go to %s (nemo_gym.rollout_dump)", root)
+    return RolloutDump(config, lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
+def sample_extras(t: Trajectory, fill: dict[str, float] | None = None) -> dict[str, float]:
+    """One sample's ``reward_extra_info``: its own values, or ``fill`` (its group's masked fill) when it is masked."""
+    if t.masked:
+        return dict(fill) if fill is not None else {"gym_outcome": 0.0}
+    return reward_extra_info(t)
+
+
+class GroupLedger:
+    """Verdicts of the groups settled since the last :meth:`drain` (thread-safe: v1 settles groups on its event-loop
+    thread and drains on the trainer's)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verdicts: list[tuple[str, GroupVerdict]] = []
+
+    def add(self, env: str, members: Sequence[Trajectory]) -> GroupVerdict:
+        verdict = classify(members)
+        with self._lock:
+            self._verdicts.append((env, verdict))
+        return verdict
+
+    def drain(self, prefix: str = "gym") -> dict[str, float]:
+        with self._lock:
+            verdicts, self._verdicts = self._verdicts, []
+        return group_metrics(verdicts, prefix)
+
+
+def batch_group_metrics(
+    trajectories: Sequence[Trajectory], uids: Sequence[Any], prefix: str = "gym"
+) -> dict[str, float]:
+    """``<prefix>/<scope>/groups/...`` of one batch whose rows belong to groups ``uids`` (the legacy trainer's step)."""
+    members: dict[Any, list[Trajectory]] = {}
+    for t, uid in zip(trajectories, uids, strict=True):
+        members.setdefault(uid, []).append(t)
+    return group_metrics([(group[0].env_name, classify(group)) for group in members.values()], prefix)
+
+
+def legacy_extras(
+    trajectories: Sequence[Trajectory], uids: Sequence[Any], taken: Collection[str], fill_keys: Sequence[str] = ()
+) -> dict[str, np.ndarray]:
+    """The legacy batch's per-sample columns (module docstring): ``gym_outcome`` and every reward component any
+    sample carries, float32, one value per row; a sample without a component gets its group's fill (0 when no valid
+    member has it). ``uids``: each row's group; ``taken``: columns the batch already has (a component named like one is
+    an error naming both)."""
+    groups: dict[Any, list[int]] = {}
+    for row, uid in enumerate(uids):
+        groups.setdefault(uid, []).append(row)
+    values: list[dict[str, float]] = [{} for _ in trajectories]
+    for rows in groups.values():
+        members = [trajectories[r] for r in rows]
+        fill = masked_fill(members, fill_keys)
+        for r in rows:
+            values[r] = {**fill, **sample_extras(trajectories[r], fill)}
+    names = sorted({k for v in values for k in v})
+    clash = sorted(set(names) & set(taken))
+    if clash:
+        envs = sorted({t.env_name for t, v in zip(trajectories, values, strict=True) if set(v) & set(clash)})
+        raise AdapterError(
+            f"reward component(s) {clash} of environment(s) {envs} have the name of a batch column verl or the dataset "
+            "already uses; rename the component in the environment's verify response"
+        )
+    return {name: np.array([v.get(name, 0.0) for v in values], dtype=np.float32) for name in names}
+
+
+def check_gdpo_keys(trajectories: Sequence[Trajectory], keys: Sequence[str], checked: set[str]) -> None:
+    """Every ``algorithm.gdpo_reward_keys`` entry must be a reward component of at least one valid result of each
+    environment in ``trajectories`` not in ``checked`` yet (an environment with no valid result this step is checked
+    later). Raises :class:`AdapterConfigError` naming the key, the environment and the components its results carry;
+    environments checked are added to ``checked``."""
+    carried: dict[str, set[str]] = {}
+    for t in trajectories:
+        if not t.masked and t.env_name not in checked:
+            carried.setdefault(t.env_name, set()).update(reward_components(t.numeric))
+    problems = [
+        f"algorithm.gdpo_reward_keys[{i}]={key!r}: no result of environment {env!r} carries reward component {key!r} "
+        f"(its results carry {sorted(names) or 'no reward_components'})"
+        for env, names in sorted(carried.items())
+        for i, key in enumerate(keys)
+        if key not in names
+    ]
+    if problems:
+        raise AdapterConfigError(
+            "GDPO would train these components on zeros:\n  "
+            + "\n  ".join(problems)
+            + "\nset algorithm.gdpo_reward_keys to names the environments' verify responses put in reward_components"
+        )
+    checked.update(carried)
