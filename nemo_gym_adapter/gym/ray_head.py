@@ -68,6 +68,10 @@ logger = logging.getLogger(__name__)
 PID_FILE = "gym_ray.pid"  # in the run directory while the head runs (same record as manager_base's gym.pid)
 READY_MARKER = b"Ray runtime started"  # what `ray start` prints once the head node is up
 STOP_TIMEOUT_S = 3.0  # SIGTERM grace before SIGKILL (Ray's agents ignore SIGTERM anyway)
+# A head that exits before it is up is started again (new ports) this many times within the same deadline. Measured
+# in the e2e tier at load ~12: `ray start` gave up after 54 s with "The current node timed out during startup ...
+# the GCS has become overloaded" and the whole run ended at start-up; load spikes pass, a new head comes up.
+START_RETRIES = 2
 
 
 def head_command(gym_venv: Path, port: int, client_port: int | None, agent_port: int, temp_dir: Path) -> list[str]:
@@ -128,6 +132,7 @@ class GymRayHead:
         self.temp_dir: Path | None = None
         self.start_seconds: float | None = None  # spawn -> "Ray runtime started" seen (by wait_ready)
         self.restarts = 0
+        self.start_retries_left = START_RETRIES
         self._token = SecretStr("")
         self._watch: LogWatch | None = None
         self._t0 = 0.0
@@ -195,7 +200,21 @@ class GymRayHead:
                 logger.info("Gym's Ray head up at %s in %.1fs", self.address, self.start_seconds)
                 break
             if not self.alive():
-                raise self._fail(f"exited with code {self.proc.popen.returncode} before it was up")
+                why = f"exited with code {self.proc.popen.returncode} before it was up"
+                if self.start_retries_left <= 0 or time.monotonic() >= deadline:
+                    raise self._fail(why)
+                self.start_retries_left -= 1
+                logger.warning(
+                    "Gym's Ray head %s %s (%s; log %s); starting a new one (retry %d of %d)",
+                    self.address,
+                    why,
+                    _last_line(self.proc.log_path),
+                    self.proc.log_path,
+                    START_RETRIES - self.start_retries_left,
+                    START_RETRIES,
+                )
+                self.restart()
+                continue
             if time.monotonic() >= deadline:
                 raise self._fail(f"not up after {timeout:.0f}s")
         if not self.alive():
@@ -239,6 +258,11 @@ class GymRayHead:
     def __repr__(self) -> str:
         state = "up" if self._ready and self.alive() else "starting" if self.alive() else "stopped"
         return f"GymRayHead({self.address}, {state})"
+
+
+def _last_line(path: Path | None) -> str:
+    lines = [line for line in log_tail(path).splitlines() if line.strip()] if path else []
+    return lines[-1].strip() if lines else "no output"
 
 
 # --------------------------------------------------------------------------------- the trainer's early start

@@ -2,7 +2,8 @@
 
 ``FAKE_RAY`` is a stand-in ``bin/ray`` for ``gym_ray.GymRayHead`` (``ray start --head --block``): it refuses to run
 without token auth, makes its ``--temp-dir``, leaves a SIGTERM-ignoring orphan behind like Ray's agents, prints
-``Ray runtime started.`` after ``FAKE_RAY_DELAY`` s and blocks (``FAKE_RAY_MODE=ok|crash|never``).
+``Ray runtime started.`` after ``FAKE_RAY_DELAY`` s and blocks (``FAKE_RAY_MODE=ok|crash|never``;
+``FAKE_RAY_CRASHES=<file>`` holds how many starts crash before one comes up).
 
 ``FAKE_GYM`` is a stand-in ``bin/gym`` executable: it reads our launch config (the last ``+config_paths`` entry)
 like Gym would, serves the head server's three endpoints and one "server instance", and can be told (via its
@@ -106,6 +107,11 @@ FAKE_RAY = textwrap.dedent(
     subprocess.run([sys.executable, "-c",
         f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {helper!r}], process_group=0)"])
     mode = os.environ.get("FAKE_RAY_MODE", "ok")
+    crashes = os.environ.get("FAKE_RAY_CRASHES")  # a file: how many starts still crash (then "ok")
+    if crashes:
+        left = int(open(crashes).read())
+        open(crashes, "w").write(str(left - 1))
+        mode = "crash" if left > 0 else "ok"
     if mode == "crash":
         sys.exit("fake ray: ConnectionError: the GCS port is in use")
     if mode == "ok":

@@ -94,15 +94,43 @@ def launch_text(run_dir: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in run_dir.rglob("*") if p.is_file())
 
 
-def test_a_head_that_dies_is_named_with_its_log_tail(fake_gym_venv, tmp_path, monkeypatch):
+def test_a_head_that_keeps_dying_is_named_with_its_log_tail_after_its_retries(fake_gym_venv, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_RAY_MODE", "crash")
     head = GymRayHead.start(fake_gym_venv, tmp_path)
     try:
         with pytest.raises(GymServerError, match=r"(?s)Gym's Ray head .*exited with code 1.*GCS port is in use"):
             GymServers.start(fake_spec(fake_gym_venv, tmp_path), ray_head=head)
+        assert head.restarts == gym_ray.START_RETRIES  # bounded: started 1 + START_RETRIES times, then named
         assert not (tmp_path / "run" / "gym.log").exists()  # Gym was never started
     finally:
         head.stop()
+
+
+def test_a_head_that_dies_at_start_up_once_is_started_again_and_gym_joins_the_new_one(
+    fake_gym_venv, tmp_path, monkeypatch, caplog
+):
+    crashes = tmp_path / "crashes"
+    crashes.write_text("1")
+    monkeypatch.setenv("FAKE_RAY_CRASHES", str(crashes))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    head = GymRayHead.start(fake_gym_venv, run_dir)
+    first = head.address
+    seen: set[int] = set()
+    try:
+        with caplog.at_level("WARNING", logger=gym_ray.logger.name):
+            with GymServers.start(fake_spec(fake_gym_venv, tmp_path), ray_head=head) as gym:
+                assert head.restarts == 1 and head.address != first and head.alive()
+                launch = json.loads((run_dir / "ngv_launch.yaml").read_text())
+                assert launch["ray_head_node_address"] == head.address  # Gym joined the new head
+                seen |= head.pids() | gym.pids()
+        (warning,) = [r.getMessage() for r in caplog.records if "starting a new one" in r.getMessage()]
+        assert first in warning and "exited with code 1" in warning and "GCS port is in use" in warning
+        assert "retry 1 of 2" in warning
+    finally:
+        head.stop()
+    assert wait_gone(seen, 10.0) == []
+    assert json.loads(crashes.read_text()) == -1  # started exactly twice
 
 
 def test_a_head_that_never_comes_up_times_out(fake_gym_venv, tmp_path, monkeypatch):
