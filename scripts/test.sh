@@ -8,4 +8,5 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 bash scripts/setup_tests.sh
-exec .venv/bin/python -m pytest tests --timeout=900 "$@"
+# --durations: the slowest tests, printed at the end of every run (the CI budget is ~45 min; see docs/BENCHMARKS.md).
+exec .venv/bin/python -m pytest tests --timeout=900 --durations=25 "$@"

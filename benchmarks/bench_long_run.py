@@ -1,0 +1,258 @@
+#!/usr/bin/env python
+"""A long CPU run with everything a week-long run has on (validation, checkpoints, rollout dumps), watched from outside.
+
+Launches the recipe (default: the shipped multi-environment config, 200 steps) and samples every process it started
+every ``--every`` seconds: the driver and its descendants (Ray's core processes, the TaskRunner, the agent-loop
+manager, the FSDP and vLLM workers) and every process in the sessions the run's pid records name (Gym's launchers,
+servers and Ray head, the watchdog), which are not the driver's descendants. Per process role: RSS, threads, open
+files, sockets. At the end it prints, per role, step ``--early`` vs the last step, the ratio, and each environment's
+greedy validation against its best before ``--best-before`` (issue 20's "done when"), and writes
+
+    <out>/samples.jsonl     one line per sample: time, step, load average, per-role totals
+    <out>/summary.json      the table below as JSON
+    <out>/val_curve.png     greedy validation per environment + training reward per environment
+
+    .venv/bin/python benchmarks/bench_long_run.py --out /tmp/long200 [--steps 200] [-- hydra overrides...]
+
+The 1-minute load average is printed with each figure. Not a test: ~1 h on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Ray sets a worker's process title to ``ray::<Actor>.<method>`` (or ``ray::IDLE``); the class names it.
+_RAY_TITLE = re.compile(r"^ray::([A-Za-z_][A-Za-z0-9_]*)")
+_TITLE = re.compile(r"^[A-Za-z]+::[A-Za-z_]+$")
+
+
+def role_of(proc: psutil.Process, driver: int, gym_sessions: set[int]) -> str:
+    """A stable name for what a process is, so samples add up per role across the run."""
+    try:
+        if proc.pid == driver:
+            return "driver"
+        cmd = proc.cmdline()
+        sid = os.getsid(proc.pid)
+    except (psutil.Error, OSError):
+        return "gone"
+    title = " ".join(cmd)
+    if m := _RAY_TITLE.match(cmd[0] if cmd else ""):
+        return f"ray::{m.group(1)}"
+    if m := _TITLE.match(cmd[0] if cmd else ""):  # e.g. VLLM::EngineCore
+        return m.group(0)
+    if "nemo_gym_adapter.reaper" in title:
+        return "watchdog"
+    if sid in gym_sessions:
+        return "gym::ray" if ("raylet" in title or "gcs_server" in title or "ray/" in title) else "gym"
+    name = Path(cmd[0]).name if cmd else proc.name()
+    if name in {"gcs_server", "raylet"} or "ray/_private" in title or "ray/dashboard" in title:
+        return f"ray-core::{name if name in {'gcs_server', 'raylet'} else 'other'}"
+    return f"other::{name}"
+
+
+def gym_sessions(run_dir: Path) -> set[int]:
+    sessions: set[int] = set()
+    for rec in run_dir.rglob("*.pid") if run_dir.is_dir() else []:
+        try:
+            sessions.update(int(s) for s in json.loads(rec.read_text()).get("sessions", []))
+        except (OSError, ValueError, AttributeError):
+            continue
+    return sessions
+
+
+def sample(driver: int, run_dir: Path, seen_sessions: set[int]) -> dict[str, dict[str, float]]:
+    seen_sessions |= gym_sessions(run_dir)
+    procs: dict[int, psutil.Process] = {}
+    try:
+        root = psutil.Process(driver)
+        procs[driver] = root
+        procs.update({p.pid: p for p in root.children(recursive=True)})
+    except psutil.Error:
+        pass
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) in seen_sessions or "nemo_gym_adapter.reaper" in " ".join(p.cmdline()):
+                procs.setdefault(p.pid, p)
+        except (psutil.Error, OSError):
+            continue
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for p in procs.values():
+        role = role_of(p, driver, seen_sessions)
+        try:
+            with p.oneshot():
+                t = totals[role]
+                t["rss_mb"] += p.memory_info().rss / 2**20
+                t["threads"] += p.num_threads()
+                t["fds"] += p.num_fds()
+                t["sockets"] += len(p.net_connections(kind="all"))
+                t["procs"] += 1
+        except psutil.Error:
+            continue
+    return {r: dict(v) for r, v in totals.items() if r != "gone"}
+
+
+def read_metrics(path: Path) -> dict[int, dict[str, float]]:
+    steps: dict[int, dict[str, float]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # the line being written
+            steps.setdefault(int(rec["step"]), {}).update(rec["data"])
+    return steps
+
+
+def last_step(metrics: dict[int, dict[str, float]]) -> int:
+    return max((s for s, m in metrics.items() if "training/global_step" in m), default=0)
+
+
+def validation_check(metrics: dict[int, dict[str, float]], best_before: int) -> dict[str, dict]:
+    """Per environment: greedy validation at each pass, its best before ``best_before``, and whether every later
+    pass stayed at or above it."""
+    out: dict[str, dict] = {}
+    key = re.compile(r"^val-core/(?P<env>[^/]+)/reward/mean@1$")
+    for step, m in sorted(metrics.items()):
+        for k, v in m.items():
+            if (mm := key.match(k)) and mm["env"] != "all":
+                out.setdefault(mm["env"], {"passes": {}})["passes"][step] = float(v)
+    for d in out.values():
+        early = [v for s, v in d["passes"].items() if s < best_before]
+        later = {s: v for s, v in d["passes"].items() if s >= best_before}
+        d["best_before"] = max(early) if early else None
+        d["min_after"] = min(later.values()) if later else None
+        d["kept"] = bool(early) and all(v >= d["best_before"] for v in later.values())
+    return out
+
+
+def plot(metrics: dict[int, dict[str, float]], val: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    for env, d in val.items():
+        xs = sorted(d["passes"])
+        a.plot(xs, [d["passes"][s] for s in xs], marker="o", label=env)
+    a.set_ylabel("greedy validation reward")
+    a.legend()
+    key = re.compile(r"^gym/(?P<env>[^/]+)/reward_mean$")
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for step, m in sorted(metrics.items()):
+        for k, v in m.items():
+            if (mm := key.match(k)) and mm["env"] != "all":
+                series[mm["env"]].append((step, float(v)))
+    for env, pts in series.items():
+        b.plot([s for s, _ in pts], [v for _, v in pts], label=env, alpha=0.8)
+    b.set_xlabel("step")
+    b.set_ylabel("training reward (batch mean)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--config", default="nemo_gym_cpu_multi_env")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--save-freq", type=int, default=50)
+    ap.add_argument("--early", type=int, default=20, help="the step memory is compared against")
+    ap.add_argument("--best-before", type=int, default=50)
+    ap.add_argument("--every", type=float, default=10.0)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = out / "run"
+    cmd = [
+        sys.executable, "-m", "recipe.nemo_gym.main", "--config-name", args.config,
+        f"trainer.total_training_steps={args.steps}", f"trainer.save_freq={args.save_freq}",
+        f"trainer.default_local_dir={out / 'checkpoints'}", f"trainer.rollout_data_dir={out / 'dumps'}",
+        f"nemo_gym.run_dir={run_dir}", *args.overrides,
+    ]  # fmt: skip
+    print("running:", " ".join(cmd), flush=True)
+    t0 = time.time()
+    with open(out / "console.log", "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    sessions: set[int] = set()
+    by_step: dict[int, dict] = {}
+    with open(out / "samples.jsonl", "w") as f:
+        while proc.poll() is None:
+            metrics = read_metrics(run_dir / "metrics.jsonl")
+            step = last_step(metrics)
+            rec = {"t": round(time.time() - t0, 1), "step": step, "load1": os.getloadavg()[0]}
+            rec["roles"] = sample(proc.pid, run_dir, sessions)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            by_step.setdefault(step, rec)  # the first sample after a step ended: the next step's generation
+            by_step[-1] = rec
+            time.sleep(args.every)
+    rc = proc.returncode
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    final = last_step(metrics)
+    # Both in the same phase: the first sample after a step was logged (the next step's rollouts). The last step's
+    # is shutdown, so the late one is the step before it.
+    early = next((by_step[s] for s in sorted(by_step) if s >= args.early), None)
+    late = next((by_step[s] for s in sorted(by_step, reverse=True) if 0 <= s < final and s >= args.early), None)
+    table = {}
+    if early and late:
+        for role in sorted(set(early["roles"]) | set(late["roles"])):
+            a, b = early["roles"].get(role, {}), late["roles"].get(role, {})
+            table[role] = {
+                k: [round(a.get(k, 0), 1), round(b.get(k, 0), 1)]
+                for k in ("rss_mb", "threads", "fds", "sockets", "procs")
+            }
+            if a.get("rss_mb"):
+                table[role]["rss_ratio"] = round(b.get("rss_mb", 0) / a["rss_mb"], 3)
+    val = validation_check(metrics, args.best_before)
+    summary = {
+        "returncode": rc, "wall_s": round(time.time() - t0), "steps": final,
+        "early_sample": early and {k: early[k] for k in ("t", "step", "load1")},
+        "late_sample": late and {k: late[k] for k in ("t", "step", "load1")},
+        "roles": table, "validation": val,
+    }  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"\nrc {rc}, {final} steps in {summary['wall_s']} s")
+    if early and late:
+        print(
+            f"memory: step {early['step']} (load {early['load1']:.1f}) vs step {late['step']} (load {late['load1']:.1f})"
+        )
+        print(f"{'role':34} {'rss MB':>17} {'ratio':>6} {'threads':>11} {'fds':>11} {'sockets':>11} {'procs':>7}")
+        for role, d in table.items():
+            cell = lambda k, d=d: f"{d[k][0]:g}->{d[k][1]:g}"  # noqa: E731
+            print(f"{role:34} {cell('rss_mb'):>17} {d.get('rss_ratio', float('nan')):6.3f} {cell('threads'):>11} "
+                  f"{cell('fds'):>11} {cell('sockets'):>11} {cell('procs'):>7}")  # fmt: skip
+    trend = [(s, by_step[s]) for s in sorted(by_step) if s >= 0 and s % max(1, final // 10) == 0]
+    if trend:
+        print(
+            "total RSS MB by step (load): "
+            + "  ".join(
+                f"{s}:{sum(r['rss_mb'] for r in rec['roles'].values()):.0f} ({rec['load1']:.1f})" for s, rec in trend
+            )
+        )
+    for env, d in val.items():
+        passes = " ".join(f"{s}:{v:g}" for s, v in sorted(d["passes"].items()))
+        print(f"val {env}: best before {args.best_before} = {d['best_before']}, min after = {d['min_after']}, "
+              f"kept={d['kept']}  [{passes}]")  # fmt: skip
+    if metrics:
+        plot(metrics, val, out / "val_curve.png")
+        print("plot:", out / "val_curve.png")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
