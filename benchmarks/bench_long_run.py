@@ -173,10 +173,18 @@ def main() -> int:
     ap.add_argument("--early", type=int, default=20, help="the step memory is compared against")
     ap.add_argument("--best-before", type=int, default=50)
     ap.add_argument("--every", type=float, default=10.0)
+    ap.add_argument("--report-only", action="store_true", help="print the report of an earlier run in --out")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        run(args, out)
+    return report(out, args.early, args.best_before)
+
+
+def run(args: argparse.Namespace, out: Path) -> None:
+    """Launch the recipe and sample its processes until it ends; ``<out>/samples.jsonl`` and ``<out>/result.json``."""
     run_dir = out / "run"
     cmd = [
         sys.executable, "-m", "recipe.nemo_gym.main", "--config-name", args.config,
@@ -189,25 +197,47 @@ def main() -> int:
     with open(out / "console.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     sessions: set[int] = set()
-    by_step: dict[int, dict] = {}
     with open(out / "samples.jsonl", "w") as f:
         while proc.poll() is None:
-            metrics = read_metrics(run_dir / "metrics.jsonl")
-            step = last_step(metrics)
+            step = last_step(read_metrics(run_dir / "metrics.jsonl"))
             rec = {"t": round(time.time() - t0, 1), "step": step, "load1": os.getloadavg()[0]}
             rec["roles"] = sample(proc.pid, run_dir, sessions)
             f.write(json.dumps(rec) + "\n")
             f.flush()
-            by_step.setdefault(step, rec)  # the first sample after a step ended: the next step's generation
-            by_step[-1] = rec
             time.sleep(args.every)
-    rc = proc.returncode
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+    result = {"returncode": proc.returncode, "wall_s": round(time.time() - t0), "cmd": cmd}
+    (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def windows(metrics: dict[int, dict[str, float]], final: int, width: int = 20) -> list[str]:
+    """Training dynamics per ``width`` steps: each environment's reward, the largest grad norm, mean entropy."""
+    lines = []
+    envs = sorted({k.split("/")[1] for m in metrics.values() for k in m if re.match(r"^gym/[^/]+/reward_mean$", k)})
+    envs = [e for e in envs if e != "all"]
+
+    def stat(key: str, lo: int, fn) -> str:  # noqa: ANN001
+        vals = [m[key] for s, m in metrics.items() if lo < s <= lo + width and key in m and m[key] == m[key]]
+        return f"{fn(vals):.2f}" if vals else "-"
+
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    for lo in range(0, final, width):
+        cells = [f"{e.removesuffix('_simple_agent')} {stat(f'gym/{e}/reward_mean', lo, mean)}" for e in envs]
+        cells += [f"grad_norm max {stat('actor/grad_norm', lo, max)}", f"entropy {stat('actor/entropy', lo, mean)}"]
+        lines.append(f"steps {lo + 1:>3}-{lo + width:<3} " + ", ".join(cells))
+    return lines
+
+
+def report(out: Path, early_step: int, best_before: int) -> int:
+    result = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else {}
+    metrics = read_metrics(out / "run" / "metrics.jsonl")
     final = last_step(metrics)
-    # Both in the same phase: the first sample after a step was logged (the next step's rollouts). The last step's
-    # is shutdown, so the late one is the step before it.
-    early = next((by_step[s] for s in sorted(by_step) if s >= args.early), None)
-    late = next((by_step[s] for s in sorted(by_step, reverse=True) if 0 <= s < final and s >= args.early), None)
+    by_step: dict[int, dict] = {}
+    for line in (out / "samples.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        by_step.setdefault(rec["step"], rec)  # the first sample after a step was logged: the next step's rollouts
+    # Both in the same phase; the last step's first sample is shutdown, so the late one is the step before it.
+    early = next((by_step[s] for s in sorted(by_step) if s >= early_step), None)
+    late = next((by_step[s] for s in sorted(by_step, reverse=True) if early_step <= s < final), None)
     table = {}
     if early and late:
         for role in sorted(set(early["roles"]) | set(late["roles"])):
@@ -218,15 +248,15 @@ def main() -> int:
             }
             if a.get("rss_mb"):
                 table[role]["rss_ratio"] = round(b.get("rss_mb", 0) / a["rss_mb"], 3)
-    val = validation_check(metrics, args.best_before)
+    val = validation_check(metrics, best_before)
     summary = {
-        "returncode": rc, "wall_s": round(time.time() - t0), "steps": final,
+        **{k: result.get(k) for k in ("returncode", "wall_s")}, "steps": final,
         "early_sample": early and {k: early[k] for k in ("t", "step", "load1")},
         "late_sample": late and {k: late[k] for k in ("t", "step", "load1")},
         "roles": table, "validation": val,
     }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"\nrc {rc}, {final} steps in {summary['wall_s']} s")
+    print(f"\nrc {summary['returncode']}, {final} steps in {summary['wall_s']} s")
     if early and late:
         print(
             f"memory: step {early['step']} (load {early['load1']:.1f}) vs step {late['step']} (load {late['load1']:.1f})"
@@ -236,7 +266,7 @@ def main() -> int:
             cell = lambda k, d=d: f"{d[k][0]:g}->{d[k][1]:g}"  # noqa: E731
             print(f"{role:34} {cell('rss_mb'):>17} {d.get('rss_ratio', float('nan')):6.3f} {cell('threads'):>11} "
                   f"{cell('fds'):>11} {cell('sockets'):>11} {cell('procs'):>7}")  # fmt: skip
-    trend = [(s, by_step[s]) for s in sorted(by_step) if s >= 0 and s % max(1, final // 10) == 0]
+    trend = [(s, by_step[s]) for s in sorted(by_step) if 0 <= s < final and s % max(1, final // 10) == 0]
     if trend:
         print(
             "total RSS MB by step (load): "
@@ -244,14 +274,15 @@ def main() -> int:
                 f"{s}:{sum(r['rss_mb'] for r in rec['roles'].values()):.0f} ({rec['load1']:.1f})" for s, rec in trend
             )
         )
+    print("\n".join(windows(metrics, final)))
     for env, d in val.items():
         passes = " ".join(f"{s}:{v:g}" for s, v in sorted(d["passes"].items()))
-        print(f"val {env}: best before {args.best_before} = {d['best_before']}, min after = {d['min_after']}, "
+        print(f"val {env}: best before {best_before} = {d['best_before']}, min after = {d['min_after']}, "
               f"kept={d['kept']}  [{passes}]")  # fmt: skip
     if metrics:
         plot(metrics, val, out / "val_curve.png")
         print("plot:", out / "val_curve.png")
-    return rc
+    return int(summary["returncode"] or 0)
 
 
 if __name__ == "__main__":
