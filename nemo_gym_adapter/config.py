@@ -120,7 +120,10 @@ class LivenessSection(_Section):
     """``nemo_gym.liveness``: probing the Gym servers and vLLM replicas (``liveness.LivenessConfig``)."""
 
     interval_s: float = Field(1.0, gt=0, description="probe period during a step")
-    probe_timeout_s: float = Field(3.0, gt=0, description="a server silent this long counts as down")
+    probe_timeout_s: float = Field(3.0, gt=0, description="a server silent this long counts as down (or busy)")
+    busy_grace_s: float = Field(
+        120.0, ge=0, description="silent but accepting connections: busy, not down, this long; 0: down at once"
+    )
     idle_s: float = Field(3.0, gt=0, description="live replicas idle this long: rows on a dead replica are cut")
     replica_grace_s: float = Field(120.0, gt=0, description="the same when vLLM's load gauges cannot be read")
     max_restarts: int = Field(3, ge=0, description="Gym restarts per run under on_server_down=restart")

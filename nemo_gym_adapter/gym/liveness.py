@@ -9,7 +9,8 @@ the *whole* Gym. So we probe every server a row passes through ourselves:
   model proxy, judges; transitively) -- and per model proxy its vLLM replicas (``base_url``).
 * :meth:`Liveness.check` probes them all concurrently (:class:`probes.HttpProbes`): a Gym server is alive when
   it answers any HTTP at all (Gym's own readiness notion), a vLLM replica when ``/health`` answers 200;
-  ``probe_timeout_s`` bounds a sick one.
+  ``probe_timeout_s`` bounds a sick one. A server silent that long that still accepts connections is busy, not
+  down, for ``busy_grace_s`` (a verifier scoring a batch in its event loop); one that refuses them is down at once.
 * :meth:`Liveness.before_step` runs one check before each step and applies ``nemo_gym.on_server_down``: ``fail``
   raises :class:`ServerDownError` naming the servers; ``restart`` (only for a Gym we started) restarts Gym --
   without the dead replicas when only replicas died -- at most ``max_restarts`` times per run, logged, and the step
@@ -71,6 +72,7 @@ class LivenessConfig:
     on_server_down: OnServerDown = "restart"
     interval_s: float = 1.0
     probe_timeout_s: float = 3.0
+    busy_grace_s: float = 120.0
     idle_s: float = 3.0
     replica_grace_s: float = 120.0
     max_restarts: int = 3
@@ -99,7 +101,9 @@ class Liveness:
         self.topology = topology
         self.config = config or LivenessConfig()
         self.gym = gym
-        self._http = HttpProbes(self.config.probe_timeout_s) if probe is None or load is None else None
+        self._http = (
+            HttpProbes(self.config.probe_timeout_s, self.config.busy_grace_s) if probe is None or load is None else None
+        )
         self._probe = probe or self._http.probe  # type: ignore[union-attr]
         self._load = load or self._http.load  # type: ignore[union-attr]
         self.restarts = 0

@@ -10,6 +10,9 @@ guard that act on the answers, and its tests swap these probes for fakes. Nothin
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +20,8 @@ from typing import Any
 import aiohttp
 
 from nemo_gym_adapter.data.routing import GymRoutes
+
+logger = logging.getLogger(__name__)
 
 _KINDS = {
     "environment_servers": "environment",
@@ -106,11 +111,19 @@ Load = Callable[[Sequence[Server]], Awaitable["float | None"]]
 
 
 class HttpProbes:
-    """The real probes (aiohttp, one session; create inside the event loop that uses it)."""
+    """The real probes (aiohttp, one session; create inside the event loop that uses it).
 
-    def __init__(self, timeout_s: float) -> None:
+    Busy is not dead: a server that does its work inside its event loop (math_with_judge runs math-verify there)
+    answers nothing while a batch is being scored, yet its kernel still accepts connections. A probe that gets no
+    answer in ``timeout_s`` therefore connects once more: refused (the process is gone) is down at once; accepted is
+    *busy* and counts as alive for ``busy_grace_s`` from its first unanswered probe (logged once), then as down (a
+    hung server looks the same from outside). ``busy_grace_s=0``: any timeout is down, as before."""
+
+    def __init__(self, timeout_s: float, busy_grace_s: float = 0.0) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.busy_grace_s = busy_grace_s
         self._session: aiohttp.ClientSession | None = None
+        self._silent_since: dict[str, float] = {}  # server -> first unanswered probe of its current silence
 
     def _get(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -120,13 +133,51 @@ class HttpProbes:
     async def probe(self, server: Server) -> str | None:
         try:
             async with self._get().get(server.url, allow_redirects=False) as r:
+                if self._silent_since.pop(server.name, None) is not None:
+                    logger.info("%s answers again", server)
                 if server.kind == "replica" and r.status != 200:
                     return f"/health answered {r.status}"
                 return None
         except asyncio.TimeoutError:
-            return f"no answer within {self.timeout.total:g}s"
+            return await self._busy_or_down(server)
         except (aiohttp.ClientError, OSError) as e:
+            self._silent_since.pop(server.name, None)
             return f"unreachable ({type(e).__name__})"
+
+    async def _busy_or_down(self, server: Server) -> str | None:
+        timeout = self.timeout.total or 0.0
+        why = f"no answer within {timeout:g}s"
+        if self.busy_grace_s <= 0:
+            return why
+        if not await self.accepts(server):
+            self._silent_since.pop(server.name, None)
+            return f"{why}, connection not accepted"
+        now = time.monotonic()
+        since = self._silent_since.setdefault(server.name, now)
+        if since == now:
+            logger.warning(
+                "%s: %s but accepts connections: treated as busy, not down, for up to %gs "
+                "(nemo_gym.liveness.busy_grace_s)",
+                server, why, self.busy_grace_s,
+            )  # fmt: skip
+        if now - since < self.busy_grace_s:
+            return None
+        return f"no answer for {now - since:.0f}s though it accepts connections (busy_grace_s={self.busy_grace_s:g})"
+
+    async def accepts(self, server: Server) -> bool:
+        """Whether ``server``'s port accepts a TCP connection within the probe timeout."""
+        url = urllib.parse.urlsplit(server.url)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(url.hostname, port), self.timeout.total)
+        except (asyncio.TimeoutError, OSError):
+            return False
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+        return True
 
     async def load(self, replicas: Sequence[Server]) -> float | None:
         total = 0.0

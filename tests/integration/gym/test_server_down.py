@@ -5,7 +5,8 @@ training model config over replicas A = the session's ``vllm_server`` and B = on
 SIGKILLs one server while its rows are being generated -- string_match's agent, its resources server, replica B --
 and checks that the step still ends within seconds with one row per input row, the dead server's rows masked
 ``server_down`` and no other failure; then, with ``on_server_down=restart``, that the next step runs on a restarted
-Gym with no masked row. The time from the kill to the end of the step is printed (``-s``) next to the longest live
+Gym with no masked row. One test pauses a server (SIGSTOP) instead: busy, not dead, unless the busy grace is off.
+The time from the kill to the end of the step is printed (``-s``) next to the longest live
 rollout of the step.
 
 Gym's launcher polls its children once a minute and then stops *every* server, so a live environment's row may also
@@ -16,6 +17,7 @@ The tests run in file order: the last one drops replica B for good.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -90,6 +92,7 @@ KILL_TOKENS = 1200
 # A row whose /verify was answered just before the kill still reaches us a little after it (the agent's reply, our
 # parsing); ``ended`` (t0 + latency from the first send) is early by the dispatch delay, so the window errs lenient.
 GRACE_S = 1.0
+PAUSE_S = 8.0  # a paused server: longer than two probe timeouts (3 s) during the step
 
 
 def long_answer(row: dict[str, Any], tokens: int = 100) -> dict[str, Any]:
@@ -157,15 +160,36 @@ class Kill:
     def arm(self) -> None:
         self.base = self._tokens()
 
-    async def __call__(self) -> None:
-        assert self.base is not None, "Kill.arm() before the step"
+    async def _first_token(self) -> None:
+        assert self.base is not None, "arm() before the step"
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + 60  # then kill anyway: the checks say whether any row was caught in flight
+        give_up = loop.time() + 60  # then act anyway: the checks say whether any row was caught in flight
         while await self._tokens_now() <= self.base and loop.time() < give_up:
             self.polls += 1
             await asyncio.sleep(0.05)
+
+    async def __call__(self) -> None:
+        await self._first_token()
         kill_tree(self.pid)
-        self.at = loop.time()
+        self.at = asyncio.get_running_loop().time()
+
+
+class Pause(Kill):
+    """SIGSTOP ``pid`` at the same event as :class:`Kill`, SIGCONT it ``hold_s`` later (or when the step ends): a
+    server whose event loop is busy -- it answers nothing, its kernel still accepts connections."""
+
+    def __init__(self, pid: int, watch: list[str], hold_s: float) -> None:
+        super().__init__(pid, watch)
+        self.hold_s = hold_s
+
+    async def __call__(self) -> None:
+        await self._first_token()
+        os.kill(self.pid, signal.SIGSTOP)
+        self.at = asyncio.get_running_loop().time()
+        try:
+            await asyncio.sleep(self.hold_s)
+        finally:
+            os.kill(self.pid, signal.SIGCONT)
 
 
 async def _step(
@@ -274,6 +298,44 @@ def test_killed_resources_server_mid_step_masks_its_rows_server_down_and_restart
     check_killed_step(gym, step, t0, t_end, kill, victims={MATCH_AGENT})
     assert any(f"resources server '{resources}'" in r.trajectory.detail for r in step.rows)
     check_clean_restart(gym, core)
+
+
+def test_a_paused_resources_server_is_busy_not_dead_and_without_the_grace_its_rows_are_masked(
+    gym, vllm_server, replica_b, caplog
+):
+    """SIGSTOP string_match's resources server for PAUSE_S (> probe_timeout_s) from the step's first token, then
+    SIGCONT. With ``busy_grace_s`` (the default rule) nothing is masked and the silence is logged as busy; the
+    control, ``busy_grace_s=0`` (the rule before it), masks its rows ``server_down`` though the server was alive."""
+    (agent,) = gym.global_config()[MATCH_AGENT]["responses_api_agents"].values()
+    resources = agent["resources_server"]["name"]
+    watch = [vllm_server.base_url, replica_b.base_url]
+    client = RolloutClientConfig(max_concurrency=32, timeout_s=STEP_DEADLINE_S, progress=False)
+    outcomes = {}
+    for grace in (60.0, 0.0):
+        config = dataclasses.replace(LIVENESS, busy_grace_s=grace)
+        core = RolloutCore(gym.routes(), TRAJ, client, liveness=Liveness.for_gym(gym, config))
+        rows, envs = batch(tokens=KILL_TOKENS)
+        pause = Pause(gym_pid(gym, resources), watch, hold_s=PAUSE_S)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="nemo_gym_adapter.gym.probes"):
+            step, t0, t_end = run_step(core, rows, envs, pause)
+        assert pause.at is not None, "the pause never happened"
+        assert len(step.rows) == len(rows)
+        masked = [
+            (r.env, r.trajectory.masked_reason, r.trajectory.detail[:200]) for r in step.rows if r.trajectory.masked
+        ]
+        busy = [r.getMessage() for r in caplog.records if "treated as busy" in r.getMessage()]
+        outcomes[grace] = (masked, busy, t_end - t0)
+    (masked, busy, took), (control_masked, control_busy, control_took) = outcomes[60.0], outcomes[0.0]
+    print(f"\n[busy] paused {PAUSE_S:g}s: grace 60 s -> {len(masked)} masked in {took:.1f}s; grace 0 -> "
+          f"{len(control_masked)} masked in {control_took:.1f}s")  # fmt: skip
+    assert not masked, masked
+    assert any(f"'{resources}'" in m for m in busy), busy
+    assert control_masked and all(
+        env == MATCH_AGENT and reason is MaskReason.SERVER_DOWN for env, reason, _ in control_masked
+    ), control_masked
+    assert any("no answer within" in detail for _, _, detail in control_masked), control_masked
+    assert not control_busy
 
 
 def test_killed_vllm_replica_mid_step_masks_its_rows_and_restart_drops_it(gym, vllm_server, replica_b):
