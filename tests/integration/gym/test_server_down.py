@@ -125,12 +125,16 @@ def generated(base_url: str) -> float:
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:generation_tokens_total"))
 
 
-def kill_tree(pid: int) -> None:
-    for victim in [*descendants(pid), pid]:
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
         try:
-            os.kill(victim, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def kill_tree(pid: int) -> None:
+    signal_all([*descendants(pid), pid], signal.SIGKILL)
 
 
 def gym_pid(gym: GymServers, name: str) -> int:
@@ -184,12 +188,13 @@ class Pause(Kill):
 
     async def __call__(self) -> None:
         await self._first_token()
-        os.kill(self.pid, signal.SIGSTOP)
+        tree = [self.pid, *descendants(self.pid)]  # Gym's pid may be a wrapper around the server's interpreter
+        signal_all(tree, signal.SIGSTOP)
         self.at = asyncio.get_running_loop().time()
         try:
             await asyncio.sleep(self.hold_s)
         finally:
-            os.kill(self.pid, signal.SIGCONT)
+            signal_all(tree, signal.SIGCONT)
 
 
 async def _step(
