@@ -83,7 +83,8 @@ def sample(driver: int, run_dir: Path, seen_sessions: set[int]) -> dict[str, dic
         pass
     for p in psutil.process_iter():
         try:
-            if os.getsid(p.pid) in seen_sessions or "nemo_gym_adapter.reaper" in " ".join(p.cmdline()):
+            cmd = " ".join(p.cmdline())
+            if os.getsid(p.pid) in seen_sessions or ("nemo_gym_adapter.reaper" in cmd and str(run_dir) in cmd):
                 procs.setdefault(p.pid, p)
         except (psutil.Error, OSError):
             continue
@@ -205,7 +206,10 @@ def run(args: argparse.Namespace, out: Path) -> None:
             f.write(json.dumps(rec) + "\n")
             f.flush()
             time.sleep(args.every)
-    result = {"returncode": proc.returncode, "wall_s": round(time.time() - t0), "cmd": cmd}
+    wall = round(time.time() - t0)
+    time.sleep(10)  # then nothing the run started may be left (its Gym, Ray heads, watchdog)
+    left = sample(proc.pid, run_dir, sessions)
+    result = {"returncode": proc.returncode, "wall_s": wall, "left_after_exit": left, "cmd": cmd}
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
@@ -256,7 +260,9 @@ def report(out: Path, early_step: int, best_before: int) -> int:
         "roles": table, "validation": val,
     }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"\nrc {summary['returncode']}, {final} steps in {summary['wall_s']} s")
+    left = result.get("left_after_exit", {})
+    print(f"\nrc {summary['returncode']}, {final} steps in {summary['wall_s']} s; processes left 10 s after exit: "
+          f"{sum(int(r['procs']) for r in left.values())} {sorted(left)}")  # fmt: skip
     if early and late:
         print(
             f"memory: step {early['step']} (load {early['load1']:.1f}) vs step {late['step']} (load {late['load1']:.1f})"
