@@ -202,7 +202,7 @@ def test_killed_agent_server_mid_batch_gives_server_down_records_not_a_hang(gym,
 
     Gym's legacy_agent relay retries a dead agent forever; the liveness guard (``nemo_gym_adapter.gym.liveness``) sees
     the agent die and cuts its rows as ``server_down`` within about a probe interval. Deterministic: the kill waits
-    until vLLM generates every string_match row (forced 100-token answers), and a tool-env row may end
+    until vLLM generates every string_match row (forced ~1,200-token answers), and a tool-env row may end
     ``server_down`` only if Gym's launcher -- which polls its children once a minute and then stops every server --
     is gone by the end of the batch.
     """
@@ -216,7 +216,9 @@ def test_killed_agent_server_mid_batch_gives_server_down_records_not_a_hang(gym,
         }
         for r in example_rows(TOOL_ENV)
     ]
-    match = [{**long_answer(r), "agent_ref": MATCH_AGENT} for r in example_rows(MATCH_ENV)]
+    # ~1,200 forced tokens: seconds even on a quiet machine. With ~200 (long_answer's default) a run at load ~1.5 had a
+    # string_match row verified 1.2 s into the batch, before the gauge below (which also counts tool rows) fired.
+    match = [{**long_answer(r, tokens=600), "agent_ref": MATCH_AGENT} for r in example_rows(MATCH_ENV)]
     rows = [r for pair in zip(tool, match, strict=True) for r in pair]  # interleaved environments
     config = RolloutClientConfig(max_concurrency=len(rows), timeout_s=600, progress=False)
     liveness = Liveness.for_gym(gym, LivenessConfig(on_server_down="mask", interval_s=0.5))
