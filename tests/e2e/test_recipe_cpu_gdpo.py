@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from recipe.nemo_gym.masked_estimators import NOTICE
-from tests.e2e.test_recipe_cpu_smoke import LEGACY, _parse_steps, _run_recipe, reaped_children  # noqa: F401
+from tests.e2e.test_recipe_cpu_smoke import (  # noqa: F401 (fixture)
+    LEGACY,
+    _parse_steps,
+    _run_recipe,
+    batch_overrides,
+    reaped_children,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -43,11 +49,7 @@ def test_gdpo_on_gym_reward_components_on_the_legacy_trainer(tmp_path, reaped_ch
         f"data.nemo_gym.default_agent={ENV}",
         "data.max_prompt_length=384",
         "data.max_response_length=64",
-        f"data.train_batch_size={BATCH}",
-        f"actor_rollout_ref.rollout.n={N}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
+        *batch_overrides(BATCH, N),
         f"trainer.total_training_steps={STEPS}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",

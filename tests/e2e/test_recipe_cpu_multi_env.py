@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from recipe.nemo_gym.reporting import load_reward_curve
-from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, reaped_children  # noqa: F401 (fixture)
+from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -37,12 +37,7 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
         tmp_path,
         f"trainer.total_training_steps={STEPS}",
         f"trainer.test_freq={STEPS}",
-        f"data.train_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.rollout.n={N}",
-        # verl needs each micro batch to divide the step's BATCH x N samples (the config's 64 fits 8 x 8).
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
+        *batch_overrides(BATCH, N),  # micro batches of BATCH x N samples (the config's 64 fits 8 x 8 only)
         f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",  # verl's dump, and ours next to it (rollouts/gym/)
         config_name="nemo_gym_cpu_multi_env",
     )

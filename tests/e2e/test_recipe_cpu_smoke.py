@@ -93,6 +93,18 @@ def reaped_children():
         psutil.wait_procs(stray, timeout=10)
 
 
+def batch_overrides(batch: int, n: int) -> list[str]:
+    """Hydra overrides for steps of ``batch`` prompts x ``n`` samples: one PPO mini-batch per step, and micro batches
+    of the whole step (verl needs each micro batch to divide the step's ``batch x n`` samples)."""
+    return [
+        f"data.train_batch_size={batch}",
+        f"actor_rollout_ref.rollout.n={n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={batch * n}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={batch * n}",
+    ]
+
+
 def _run_recipe(tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cpu") -> tuple[str, float]:
     """``python -m recipe.nemo_gym.main --config-name <config_name>`` with ``overrides``; (log text, wall seconds)."""
     log_path = tmp_path / "recipe.log"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, reaped_children  # noqa: F401
+from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -84,11 +84,7 @@ def _run(tmp_path: Path, enable: bool) -> tuple[dict, dict, str]:
         f"data.train_files=[{tmp_path / 'rows.jsonl'}]",
         f"data.val_files=[{tmp_path / 'rows.jsonl'}]",
         "data.shuffle=false",  # rows in file order: each step's first two prompts hold a fixed-outcome row
-        f"data.train_batch_size={BATCH}",
-        f"actor_rollout_ref.rollout.n={N}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={BATCH * N}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={BATCH * N}",
+        *batch_overrides(BATCH, N),
         f"trainer.total_training_steps={STEPS}",
         f"trainer.rollout_data_dir={tmp_path / 'dumps'}",
         "trainer.val_before_train=false",
