@@ -27,11 +27,21 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from recipe.nemo_gym.reporting import (  # noqa: E402
+    ALL_SCOPE,
+    MetricsFileError,
+    RewardCurve,
+    load_step_metrics,
+    reward_curve,
+)
 
 # Ray sets a worker's process title to ``ray::<Actor>.<method>`` (or ``ray::IDLE``); the class names it.
 _RAY_TITLE = re.compile(r"^ray::([A-Za-z_][A-Za-z0-9_]*)")
@@ -104,18 +114,6 @@ def sample(driver: int, run_dir: Path, seen_sessions: set[int]) -> dict[str, dic
     return {r: dict(v) for r, v in totals.items() if r != "gone"}
 
 
-def read_metrics(path: Path) -> dict[int, dict[str, float]]:
-    steps: dict[int, dict[str, float]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue  # the line being written
-            steps.setdefault(int(rec["step"]), {}).update(rec["data"])
-    return steps
-
-
 def last_step(metrics: dict[int, dict[str, float]]) -> int:
     return max((s for s, m in metrics.items() if "training/global_step" in m), default=0)
 
@@ -138,7 +136,12 @@ def validation_check(metrics: dict[int, dict[str, float]], best_before: int) -> 
     return out
 
 
-def plot(metrics: dict[int, dict[str, float]], val: dict[str, dict], path: Path) -> None:
+def env_rewards(curve: RewardCurve) -> dict[str, list[float]]:
+    """Each environment's training reward series (aligned with ``curve.steps``), without the overall one."""
+    return {env: values for env, values in curve.reward.items() if env != ALL_SCOPE}
+
+
+def plot(curve: RewardCurve, val: dict[str, dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,14 +153,8 @@ def plot(metrics: dict[int, dict[str, float]], val: dict[str, dict], path: Path)
         a.plot(xs, [d["passes"][s] for s in xs], marker="o", label=env)
     a.set_ylabel("greedy validation reward")
     a.legend()
-    key = re.compile(r"^gym/(?P<env>[^/]+)/reward_mean$")
-    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for step, m in sorted(metrics.items()):
-        for k, v in m.items():
-            if (mm := key.match(k)) and mm["env"] != "all":
-                series[mm["env"]].append((step, float(v)))
-    for env, pts in series.items():
-        b.plot([s for s, _ in pts], [v for _, v in pts], label=env, alpha=0.8)
+    for env, values in env_rewards(curve).items():
+        b.plot(curve.steps, values, label=env, alpha=0.8)
     b.set_xlabel("step")
     b.set_ylabel("training reward (batch mean)")
     b.legend()
@@ -198,9 +195,13 @@ def run(args: argparse.Namespace, out: Path) -> None:
     with open(out / "console.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     sessions: set[int] = set()
+    step = 0
     with open(out / "samples.jsonl", "w") as f:
         while proc.poll() is None:
-            step = last_step(read_metrics(run_dir / "metrics.jsonl"))
+            try:
+                step = last_step(load_step_metrics(run_dir / "metrics.jsonl"))
+            except MetricsFileError:
+                pass  # not written yet, or its last line half written: the step is still the one read before
             rec = {"t": round(time.time() - t0, 1), "step": step, "load1": os.getloadavg()[0]}
             rec["roles"] = sample(proc.pid, run_dir, sessions)
             f.write(json.dumps(rec) + "\n")
@@ -213,27 +214,31 @@ def run(args: argparse.Namespace, out: Path) -> None:
     (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
-def windows(metrics: dict[int, dict[str, float]], final: int, width: int = 20) -> list[str]:
+def windows(metrics: dict[int, dict[str, float]], curve: RewardCurve, final: int, width: int = 20) -> list[str]:
     """Training dynamics per ``width`` steps: each environment's reward, the largest grad norm, mean entropy."""
-    lines = []
-    envs = sorted({k.split("/")[1] for m in metrics.values() for k in m if re.match(r"^gym/[^/]+/reward_mean$", k)})
-    envs = [e for e in envs if e != "all"]
 
-    def stat(key: str, lo: int, fn) -> str:  # noqa: ANN001
-        vals = [m[key] for s, m in metrics.items() if lo < s <= lo + width and key in m and m[key] == m[key]]
+    def stat(pairs: Sequence[tuple[int, float]], lo: int, fn: Callable[[list[float]], float]) -> str:
+        vals = [v for s, v in pairs if lo < s <= lo + width and v == v]  # NaN: a step without the metric
         return f"{fn(vals):.2f}" if vals else "-"
 
+    def logged(key: str) -> list[tuple[int, float]]:
+        return [(s, m[key]) for s, m in metrics.items() if key in m]
+
     mean = lambda v: sum(v) / len(v)  # noqa: E731
+    rewards = {env: list(zip(curve.steps, values, strict=True)) for env, values in env_rewards(curve).items()}
+    lines = []
     for lo in range(0, final, width):
-        cells = [f"{e.removesuffix('_simple_agent')} {stat(f'gym/{e}/reward_mean', lo, mean)}" for e in envs]
-        cells += [f"grad_norm max {stat('actor/grad_norm', lo, max)}", f"entropy {stat('actor/entropy', lo, mean)}"]
+        cells = [f"{env.removesuffix('_simple_agent')} {stat(pairs, lo, mean)}" for env, pairs in rewards.items()]
+        cells += [f"grad_norm max {stat(logged('actor/grad_norm'), lo, max)}"]
+        cells += [f"entropy {stat(logged('actor/entropy'), lo, mean)}"]
         lines.append(f"steps {lo + 1:>3}-{lo + width:<3} " + ", ".join(cells))
     return lines
 
 
 def report(out: Path, early_step: int, best_before: int) -> int:
     result = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else {}
-    metrics = read_metrics(out / "run" / "metrics.jsonl")
+    metrics = load_step_metrics(out / "run" / "metrics.jsonl")
+    curve = reward_curve(metrics, str(out / "run" / "metrics.jsonl"))
     final = last_step(metrics)
     by_step: dict[int, dict] = {}
     for line in (out / "samples.jsonl").read_text().splitlines():
@@ -280,14 +285,13 @@ def report(out: Path, early_step: int, best_before: int) -> int:
                 f"{s}:{sum(r['rss_mb'] for r in rec['roles'].values()):.0f} ({rec['load1']:.1f})" for s, rec in trend
             )
         )
-    print("\n".join(windows(metrics, final)))
+    print("\n".join(windows(metrics, curve, final)))
     for env, d in val.items():
         passes = " ".join(f"{s}:{v:g}" for s, v in sorted(d["passes"].items()))
         print(f"val {env}: best before {best_before} = {d['best_before']}, min after = {d['min_after']}, "
               f"kept={d['kept']}  [{passes}]")  # fmt: skip
-    if metrics:
-        plot(metrics, val, out / "val_curve.png")
-        print("plot:", out / "val_curve.png")
+    plot(curve, val, out / "val_curve.png")
+    print("plot:", out / "val_curve.png")
     return int(summary["returncode"] or 0)
 
 
