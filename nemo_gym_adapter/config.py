@@ -34,6 +34,8 @@ the bad value and the fix, and all problems are reported together. Everything el
       liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
       rollout_dump: {dir: null, enable: true, validation: true, max_text_chars: 4000, queue_size: 4096}
                                      # readable rollouts (rollouts.dump); dir null: <trainer.rollout_data_dir>/gym
+      trusted_logprobs: {enable: false, check_every: 10, max_mean_abs_diff: 1.0e-4, max_abs_diff: 1.0e-2,
+                         on_exceed: recompute}   # rollout log-probs as the old ones, guarded (recipe logprob_guard)
 
 The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`recipe.nemo_gym.resolvers`;
 ``${ngv_manager:<use_v1>}`` picks :data:`MANAGER_CLASS_V1` or :data:`MANAGER_CLASS`, the managers checked here.
@@ -140,6 +142,18 @@ class RolloutDumpSection(_Section):
     queue_size: int = Field(4096, ge=1, description="rows waiting for the writer; a full queue drops rows (counted)")
 
 
+class TrustedLogprobsSection(_Section):
+    """``nemo_gym.trusted_logprobs``: the rollout's log-probs as PPO's old ones (verl's ``bypass_mode``, switched per
+    step), vouched for by a guard that recomputes on the first step and every ``check_every`` steps and falls back (or
+    stops) when the gap passes a bound (``recipe.nemo_gym.logprob_guard``)."""
+
+    enable: bool = False
+    check_every: int = Field(10, ge=0, description="a recompute every N steps after the first; 0: the first only")
+    max_mean_abs_diff: float = Field(1e-4, gt=0, description="bound on mean |rollout - actor| per trained token")
+    max_abs_diff: float = Field(1e-2, gt=0, description="bound on the largest |rollout - actor| of a trained token")
+    on_exceed: Literal["recompute", "fail"] = "recompute"
+
+
 RAY_HEAD_MODES = ("early", "gym")  # nemo_gym.ray_head values that are not a host:port
 
 
@@ -203,6 +217,7 @@ class NemoGymConfig(_Section):
     on_server_down: Literal["mask", "restart", "fail"] = "restart"
     liveness: LivenessSection = Field(default_factory=LivenessSection)
     rollout_dump: RolloutDumpSection = Field(default_factory=RolloutDumpSection)
+    trusted_logprobs: TrustedLogprobsSection = Field(default_factory=TrustedLogprobsSection)
 
     @field_validator("config_overrides")
     @classmethod
@@ -420,6 +435,16 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
             f"v1 trainer hands every other estimator each segment as a group member); set {MASKED_GRPO}"
         )
     filter_metric = _filter_groups(cfg, v1, problems)
+    if (
+        gym is not None
+        and gym.trusted_logprobs.enable
+        and _select(cfg, "algorithm.rollout_correction.bypass_mode", False)
+    ):
+        problems.append(
+            "algorithm.rollout_correction.bypass_mode=true with nemo_gym.trusted_logprobs.enable=true: verl's bypass "
+            "never recomputes the old log-probs, so the guard could not check them; set bypass_mode=false (the guard "
+            "switches it per step) or nemo_gym.trusted_logprobs.enable=false"
+        )
     custom_path = _select(cfg, "data.custom_cls.path", None)
     need(
         "data.custom_cls.path",
