@@ -294,7 +294,7 @@ def guard_of(trainer: Any) -> tuple[LogprobGuard, BypassSwitch]:
     """The trainer's guard and switch, made on first use from its config (start-up notes printed once)."""
     found = getattr(trainer, _ATTR, None)
     if found is None:
-        from nemo_gym_adapter.config import load_config
+        from nemo_gym_adapter.recipe_config import load_config
 
         settings = GuardSettings.from_section(load_config(trainer.config, check_files=False).gym.trusted_logprobs)
         for note in config_notes(trainer.config, settings):

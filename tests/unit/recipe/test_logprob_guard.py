@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nemo_gym_adapter.config import load_config
+from nemo_gym_adapter.recipe_config import load_config
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
 from recipe.nemo_gym import logprob_guard as lg
 from tests.support.recipe_config import minimal_recipe_config
