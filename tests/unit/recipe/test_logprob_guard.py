@@ -1,6 +1,7 @@
 """The trusted-log-prob guard's decisions (``recipe.nemo_gym.logprob_guard``): which steps recompute, what a measured
 gap decides, which tokens and samples it is measured on, and the one write into verl's config. The trainers' real
-calls run in tests/e2e (the SmolLM2 e2e: trusted after step 1; the toy e2e with renormalised log-probs: fallback)."""
+calls run in tests/e2e (v1, legacy and SmolLM2 e2e: trusted after step 1; the multi-environment e2e, whose grammar
+renormalises log-probs: fallback)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nemo_gym_adapter.recipe_config import load_config
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
+from nemo_gym_adapter.recipe_config import load_config
 from recipe.nemo_gym import logprob_guard as lg
 from tests.support.recipe_config import minimal_recipe_config
 
