@@ -114,7 +114,6 @@ class NemoGymPPOTrainer(RayPPOTrainer):
 
     def fit(self) -> Any:
         rollout_correction.install()
-        logprob_guard.guard_of(self)  # start-up notes now; the first step of a launch always recomputes
         return super().fit()
 
     def _update_actor(self, batch: Any) -> Any:

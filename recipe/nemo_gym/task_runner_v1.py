@@ -131,7 +131,6 @@ class NemoGymTrainerMixin:
 
     def fit(self, agent_loop_manager: Any) -> Any:
         rollout_correction.install()
-        logprob_guard.guard_of(self)  # start-up notes now; the first step of a launch always recomputes
         return super().fit(agent_loop_manager)  # type: ignore[misc]
 
     def _compute_old_log_prob(self, batch: Any, metrics: dict[str, Any]) -> Any:
