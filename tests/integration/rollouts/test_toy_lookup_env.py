@@ -173,6 +173,7 @@ def test_prefix_supply_on_every_continuation_call_with_gyms_capture(patched_vllm
 LATENCY_S = 1.0
 
 
+@pytest.mark.slow  # its own Gym: 111 s at load 13 (the module's vLLM reused); the latency bench runs it too
 def test_our_latency_server_runs_in_gym_and_every_tool_call_takes_its_time(patched_vllm, tmp_path):
     """``configs/gym/toy_latency.yaml``: our own resources server (``gym_servers/``), which Gym finds through
     ``NEMO_GYM_EXTRA_ROOTS`` and runs in its venv, as it runs its built-in ones (reusing this module's vLLM). Every
