@@ -76,6 +76,7 @@ def compose(model: str, overrides: list[str]):
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=1",
         "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         f"actor_rollout_ref.rollout.n={N}",
         "actor_rollout_ref.rollout.temperature=0.7",
         "algorithm.adv_estimator=grpo",
