@@ -294,6 +294,39 @@ def reward_components(numeric: Mapping[str, float]) -> dict[str, float]:
     return {k[len(prefix) :]: v for k, v in numeric.items() if k.startswith(prefix)}
 
 
+def other_row_fields(sent: Mapping[str, Any], result: Mapping[str, Any], limit: int = 3) -> list[str]:
+    """The verifier fields ``sent`` (a ``/run`` body) carries that ``result`` echoes with another value, as
+    ``"<key>: sent <a>, result has <b>"`` (at most ``limit``); empty when the result can be this row's.
+
+    Gym's resources servers answer ``BaseVerifyResponse(**body.model_dump(), reward=...)``: the row's own verifier
+    fields (``expected_answer``, ...) come back as the request model read them. A different value therefore means
+    a result for another row (a relay or cache that mixed up answers) whose reward would be trained as this row's.
+    Only scalars of the same kind are compared (strings, numbers, booleans): a request model may coerce a type
+    (``"1"`` to ``1``), never a value; reserved and ``_``-prefixed keys, ``responses_create_params`` (some agents
+    return the conversation they built there) and fields the result does not carry are not evidence."""
+    clashes = []
+    for key, value in sent.items():
+        if not isinstance(key, str) or key in RESERVED_ROW_KEYS or key.startswith("_") or key not in result:
+            continue
+        echoed = result[key]
+        if _scalar_kind(value) is None or _scalar_kind(value) != _scalar_kind(echoed) or value == echoed:
+            continue
+        if isinstance(value, float) and isinstance(echoed, float) and math.isnan(value) and math.isnan(echoed):
+            continue
+        clashes.append(f"{key}: sent {json.dumps(value)[:60]}, result has {json.dumps(echoed)[:60]}")
+        if len(clashes) >= limit:
+            break
+    return clashes
+
+
+def _scalar_kind(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return "str" if isinstance(value, str) else None
+
+
 def describe_validation_error(error: ValidationError, *, max_errors: int = 5) -> str:
     """One line per pydantic error, each with its JSON path (``response.output[3].generation_log_probs``)."""
     lines = []
