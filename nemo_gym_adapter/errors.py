@@ -39,3 +39,8 @@ class TokenAlignmentError(AdapterError, ValueError):
 
     Never guessed around: the vLLM patch turns it into an HTTP 400, the trajectory code into a masked sample.
     """
+
+
+class StorageError(AdapterError, OSError):
+    """A file the run must write could not be written (a full disk). The message names the path, what the failure
+    left behind (the previous checkpoint) and how to go on."""
