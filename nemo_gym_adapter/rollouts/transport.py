@@ -125,8 +125,8 @@ async def read_body(response: aiohttp.ClientResponse, limit: int) -> bytes | Non
     (nothing read), or the first chunk that takes it over (at most ``limit`` + one chunk held). The caller closes the
     connection then (:func:`post_with_retries`); an incomplete body raises ``aiohttp.ClientPayloadError``."""
     declared = response.content_length
-    if declared is not None and declared > limit:
-        return None
+    if declared is not None:  # aiohttp reads exactly that much, never more
+        return await response.read() if declared <= limit else None
     chunks: list[bytes] = []
     size = 0
     while True:
