@@ -15,7 +15,7 @@ cancelled and awaited (no orphan tasks), then the hook's exception propagates.
 A result that echoes another row's verifier fields (``wire.other_row_fields``: Gym's resources servers return the
 request's fields as they got them) is a ``wrong_row`` failure, never trained as this row's reward.
 
-The records live in :mod:`~nemo_gym_adapter.rollouts.outcome`, the HTTP side in :mod:`~nemo_gym_adapter.rollouts.transport`;
+The records live in :mod:`~nemo_gym_adapter.rollouts.records`, the HTTP side in :mod:`~nemo_gym_adapter.rollouts.transport`;
 both are re-exported here. Every send carries a fresh ``_ng_rollout_id`` (Gym keys token-ID capture and prefix supply by it; a row's own is
 replaced), and a row's Gym capture files are removed once its outcome was handed on
 (:mod:`~nemo_gym_adapter.gym.capture`).
@@ -37,7 +37,7 @@ from nemo_gym_adapter.gym import capture
 from nemo_gym_adapter.gym.liveness import StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.progress import RolloutProgress
-from nemo_gym_adapter.rollouts.outcome import (
+from nemo_gym_adapter.rollouts.records import (
     BAD_JSON,
     CLIENT_ERROR,
     CONNECTION,
@@ -61,7 +61,7 @@ from nemo_gym_adapter.wire import other_row_fields
 
 logger = logging.getLogger(__name__)
 
-__all__ = [  # the records and knobs callers import from here (outcome, transport)
+__all__ = [  # the records and knobs callers import from here (records, transport)
     "BAD_JSON",
     "CLIENT_ERROR",
     "CONNECTION",

@@ -28,7 +28,7 @@ from nemo_gym_adapter.data.routing import Route
 from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.gym import capture
 from nemo_gym_adapter.rollouts.gym_errors import gym_error_origin
-from nemo_gym_adapter.rollouts.outcome import BAD_JSON, CONNECTION, TOO_LARGE, RolloutFailure
+from nemo_gym_adapter.rollouts.records import BAD_JSON, CONNECTION, TOO_LARGE, RolloutFailure
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What became of one row sent to NeMo Gym: a ``/run`` result or a counted failure (:class:`RolloutOutcome`).
+"""The rollout client's records: what became of one row sent to NeMo Gym, a ``/run`` result or a counted failure.
 
 The rollout client (:mod:`~nemo_gym_adapter.rollouts.client`) makes exactly one outcome per input row, whatever Gym
 did; :mod:`~nemo_gym_adapter.rollouts.trajectory` turns each into a trajectory (a failure becomes a masked one whose
