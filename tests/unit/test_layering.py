@@ -18,6 +18,8 @@ LIB = "nemo_gym_adapter"
 PLUMBING = {
     "disk",
     "config",
+    "recipe_config",
+    "recipe_checks",
     "console",
     "errors",
     "paths",
