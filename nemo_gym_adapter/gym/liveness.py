@@ -117,6 +117,7 @@ class Liveness:
         self._probe = probe or self._http.probe  # type: ignore[union-attr]
         self._load = load or self._http.load  # type: ignore[union-attr]
         self.restarts = 0
+        self.last_dead: dict[str, str] = {}  # what the latest check found dead (replicas by "host:port")
 
     @classmethod
     def for_gym(cls, gym: RestartableGym, config: LivenessConfig | None = None) -> Liveness:
@@ -126,7 +127,8 @@ class Liveness:
         """``{server: why}`` for every dead or sick server and replica (probed concurrently)."""
         servers = list(self.topology.servers.values())
         answers = await asyncio.gather(*(self._probe(s) for s in servers))
-        return {s.name: why for s, why in zip(servers, answers, strict=True) if why is not None}
+        self.last_dead = {s.name: why for s, why in zip(servers, answers, strict=True) if why is not None}
+        return dict(self.last_dead)
 
     def blocked(self, agent: str, dead: Mapping[str, str]) -> str | None:
         """Why ``agent``'s rows cannot be served (a needed server dead, or every replica of its model), or None."""

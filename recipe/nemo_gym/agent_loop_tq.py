@@ -63,7 +63,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
 import transfer_queue as tq
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
@@ -78,7 +77,7 @@ from nemo_gym_adapter.rollouts.metrics import compute_metrics
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
 from recipe.nemo_gym.manager_base import GymManagerBase
 from recipe.nemo_gym.outcomes import GroupLedger, sample_extras
-from recipe.nemo_gym.replicas import server_weight_version
+from recipe.nemo_gym.replicas import weight_versions, weight_versions_async
 from recipe.nemo_gym.tq_records import sample_record, split_prompts, task_index
 
 logger = logging.getLogger(__name__)
@@ -318,15 +317,13 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
 
     def _read_versions(self) -> tuple[int, int]:
         """(min, max) ``global_steps`` over the replicas now (0 before the first sync)."""
-        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
-        return self._remember([ray.get(ref, timeout=60) for ref in refs])
+        return self._remember(weight_versions(self.live_replica_handles()))
 
     async def _read_versions_async(self) -> tuple[int, int]:
         cached = self._version
         if cached is not None and time.monotonic() - cached[0] < VERSION_CACHE_S:
             return cached[1]
-        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
-        return self._remember(list(await asyncio.gather(*refs)))
+        return self._remember(await weight_versions_async(self.live_replica_handles()))
 
     def _remember(self, values: list[int | None]) -> tuple[int, int]:
         known = [int(v) for v in values if v is not None] or [0]
