@@ -26,6 +26,7 @@ the model never produced, and the actor's log-prob of the wrapper tokens it woul
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import statistics
 from collections import Counter, defaultdict
@@ -190,7 +191,8 @@ def analyse(actor: Actor, patched: list[dict], unpatched: list[dict], max_calls:
     gaps: dict[str, dict[str, list[float]]] = {"patched": defaultdict(list), "unpatched": defaultdict(list)}
     naive_gap: list[float] = []
     naive_shift: list[float] = []
-    wrapper_tokens = wrapper_new = 0
+    wrapper_tokens = wrapper_new = turns_rerendered = turns_equal = 0
+    im_end, tool_call_tag = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<tool_call>")
     wrapper_lp: list[float] = []
     done = 0
     for name, records in (("patched", patched), ("unpatched", unpatched)):
@@ -212,16 +214,20 @@ def analyse(actor: Actor, patched: list[dict], unpatched: list[dict], max_calls:
                 naive_shift.extend(a - b for a, b in zip(naive_lp, call["logprobs"], strict=False))
                 # the re-rendered earlier assistant turn vs what the model generated there
                 prev = calls[k - 1]
-                at = first_difference(prev["prompt"], rerendered)
-                span = rerendered[len(prev["prompt"]) :] if at >= len(prev["prompt"]) else []
-                if span:
-                    produced = Counter(prev["generation"])
-                    wrapper_tokens += len(span)
-                    wrapper_new += sum(1 for t in span if produced[t] == 0)
-                    ids = [t for t in span if t == tok.convert_tokens_to_ids("<tool_call>")]
-                    if ids:
-                        lp = actor.logprobs(prev["prompt"], span[: span.index(ids[0]) + 1])
-                        wrapper_lp.append(lp[-1])
+                if rerendered[: len(prev["prompt"])] != prev["prompt"]:
+                    continue  # the history before it was re-rendered too: counted with the earlier turn
+                tail = rerendered[len(prev["prompt"]) :]
+                end = next((i for i, t in enumerate(tail) if t == im_end), len(tail) - 1)
+                span = tail[: end + 1]  # the assistant turn as the template writes it, its turn end included
+                turns_rerendered += 1
+                turns_equal += span == prev["generation"]
+                matcher = difflib.SequenceMatcher(a=prev["generation"], b=span, autojunk=False)
+                kept = sum(block.size for block in matcher.get_matching_blocks())
+                wrapper_tokens += len(span)
+                wrapper_new += len(span) - kept
+                if tool_call_tag in span:
+                    lp = actor.logprobs(prev["prompt"], span[: span.index(tool_call_tag) + 1])
+                    wrapper_lp.append(lp[-1])
     out["gap_abs_mean"] = {
         name: {turn: _mean(v) for turn, v in sorted(per.items())} | {"tokens": {t: len(v) for t, v in per.items()}}
         for name, per in gaps.items()
@@ -231,8 +237,10 @@ def analyse(actor: Actor, patched: list[dict], unpatched: list[dict], max_calls:
         "abs_gap_mean": _mean(naive_gap),
         "mean_shift_actor_minus_rollout": _mean(naive_shift),
         "share_tokens_abs_gap_over_0.1": _mean([float(d > 0.1) for d in naive_gap]),
-        "rerendered_assistant_tokens_after_the_prompt": wrapper_tokens,
-        "of_which_the_model_never_produced": wrapper_new,
+        "earlier_assistant_turns_rerendered": turns_rerendered,
+        "of_which_token_identical": turns_equal,
+        "rerendered_assistant_tokens": wrapper_tokens,
+        "of_which_not_in_the_models_generation": wrapper_new,
         "actor_logprob_of_the_tool_call_tag": _mean(wrapper_lp),
     }
     return out

@@ -9,14 +9,13 @@ tool calls as bare JSON (the ``ngv_json`` parser read them, inside verl's replic
 them inside ``<tool_call>`` tags it never wrote; every later model call's prompt still begins with the previous call's
 prompt + generation, token for token (the patch spliced them), and the step trained on them (nothing masked, the
 rollout-vs-actor gap float32-small). With ``nemo_gym.patch_vllm=false`` the same dump shows the later prompts leaving
-the model's tokens and the adapter masking those rollouts (the control: ``NGV_SLOW_TESTS=1``).
+the model's tokens and the adapter masking those rollouts (the control, slow tier).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -85,7 +84,7 @@ def test_the_tool_models_later_turns_are_spliced_token_for_token(tmp_path, reape
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 
 
-@pytest.mark.skipif(os.environ.get("NGV_SLOW_TESTS") != "1", reason="the control: NGV_SLOW_TESTS=1 (slow tier)")
+@pytest.mark.slow
 def test_without_the_patch_the_later_turns_leave_the_models_tokens(tmp_path, reaped_children):
     build_demo_model("qwen2.5-coder-0.5b")
     text, _ = _run_recipe(tmp_path, *_small(tmp_path, "nemo_gym.patch_vllm=false"), config_name=CONFIG)
