@@ -6,8 +6,8 @@ installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under
 ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use),
 ``${ngv_demo_model:<name>}`` → a real pretrained model (``smollm2``: SmolLM2-135M-Instruct; ``qwen2.5-coder-0.5b``: the
 Qwen2.5-Coder-0.5B-Instruct tool model; converted on first use, minutes) and ``${ngv_manager:<use_v1>}``
-→ the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.config.MANAGER_CLASS_V1` for the v1 trainer,
-:data:`~nemo_gym_adapter.config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
+→ the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS_V1` for the v1 trainer,
+:data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.recipe_config import MANAGER_CLASS, MANAGER_CLASS_V1
 
 
 def gym_example_path(env: str, gym_venv: str | None = None) -> str:
