@@ -45,6 +45,7 @@ class FuzzingFakeGym:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._release = asyncio.Event()  # ends the hanging answers at stop()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/run", self._run)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handle_signals=False)
@@ -61,7 +62,8 @@ class FuzzingFakeGym:
         if kind in ("text", "other_row"):
             return web.Response(body=spec["text"].encode(), content_type="application/json")
         if kind == "hang":
-            await asyncio.sleep(3600)
+            await self._release.wait()
+            raise web.HTTPServiceUnavailable(text="the fuzzing fake Gym stopped")
         if kind == "oversized":
             return await self._stream(request, row, total=int(spec["bytes"]), declare=True)
         if kind == "endless":
@@ -103,6 +105,7 @@ class FuzzingFakeGym:
         return response
 
     def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._release.set)
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
