@@ -68,7 +68,7 @@ from tensordict import TensorDict
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.errors import AdapterError, ServerDownError
 from nemo_gym_adapter.loop_thread import LoopThread
 from nemo_gym_adapter.rollouts.core import RowResult
 from nemo_gym_adapter.rollouts.dump import SampleContext
@@ -136,12 +136,17 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         self._probe: dict[str, float] = {}
         self._version: tuple[float, tuple[int, int]] | None = None
         self._groups = GroupLedger()
+        # A batch that ended with ServerDownError (every replica or the attached Gym lost): raised at the next
+        # dispatch and by the trainer's replay buffer (task_runner_v1), so the run ends with its message.
+        self.fatal: ServerDownError | None = None
 
     # ---- verl's v1 contract -------------------------------------------------------------------------------------
 
     def generate_sequences(self, prompts: TensorDict) -> None:
         """Dispatch the batch's Gym rollouts and return at once (samples reach TransferQueue as they finish)."""
         self.check_open()
+        if self.fatal is not None:
+            raise self.fatal
         t0 = time.perf_counter()
         validate = bool(prompts["validate"]) if "validate" in prompts.keys() else False
         rows = split_prompts(prompts)
@@ -306,6 +311,8 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
             self._inflight.discard(future)
         if not future.cancelled() and future.exception() is not None:
             logger.error("a Gym rollout batch failed (its groups are marked failure)", exc_info=future.exception())
+            if isinstance(future.exception(), ServerDownError):  # nothing left to roll out on: the run's end
+                self.fatal = future.exception()
 
     def _cancel_inflight(self) -> None:
         with self._lock:

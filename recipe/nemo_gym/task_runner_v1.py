@@ -91,7 +91,25 @@ class NemoGymTrainerMixin:
         buffer = super()._build_replay_buffer()  # type: ignore[misc]
         if hasattr(buffer, "poll_interval"):
             buffer.poll_interval = replay_poll_interval(self.config)
+        if hasattr(buffer, "sample"):
+            buffer.sample = self._fatal_first(buffer.sample)
         return buffer
+
+    def _fatal_first(self, sample: Any) -> Any:
+        """verl's ``sample``, but a rollout manager's fatal error (``ServerDownError``: every replica or the attached
+        Gym lost, its batch's groups published ``failure``) ends the run with its own message, not verl's "no
+        materializable trajectories"."""
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return sample(*args, **kwargs)
+            except Exception:
+                fatal = getattr(getattr(self, "agent_loop_manager", None), "fatal", None)
+                if isinstance(fatal, BaseException):
+                    raise fatal from None
+                raise
+
+        return guarded
 
     def _init_dataloader(self) -> None:
         """verl's dataloaders; with ``nemo_gym.env_weights`` the training one draws from the same
