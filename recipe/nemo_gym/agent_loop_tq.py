@@ -309,10 +309,11 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
     def _batch_done(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._inflight.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            logger.error("a Gym rollout batch failed (its groups are marked failure)", exc_info=future.exception())
-            if isinstance(future.exception(), ServerDownError):  # nothing left to roll out on: the run's end
-                self.fatal = future.exception()
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            logger.error("a Gym rollout batch failed (its groups are marked failure)", exc_info=error)
+            if isinstance(error, ServerDownError):  # nothing left to roll out on: the run's end
+                self.fatal = error
 
     def _cancel_inflight(self) -> None:
         with self._lock:
