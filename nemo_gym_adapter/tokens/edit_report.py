@@ -3,8 +3,8 @@
 When the history check (:mod:`history_check`) finds a template span of the model prefix that differs from the
 history render (a :class:`Divergence`), the client needs to know which message changed and how, not token positions.
 This module turns the positions into that message: the message the difference lies in (found in the decoded render
-of its span) and the decoded text of both sequences on either side. Error path only: decoding is fine here, and the
-walk never imports it on its hot path's account. Pure.
+of its span) and the decoded text of both sequences on either side. It runs on the error path only, so decoding is
+fine here (the walk itself never decodes, except where :mod:`same_text` must tell a retokenization from an edit). Pure.
 """
 
 from __future__ import annotations
