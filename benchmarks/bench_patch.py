@@ -15,7 +15,8 @@ machine-load drift hits all of them alike; medians are reported, with the load a
    prompt tokens) and the exponent ``k`` of ``c*N**k`` (log-log fit): ``k`` near 1 is a cost linear in the
    conversation. Also timed, outside the render and the same for both: parsing the request body as Gym sends it
    (``json.loads`` + vLLM's request model), once with every assistant message's ids and once with only the last
-   one's (what a client that does not re-send earlier ids would cost; Gym #2663).
+   one's (what a client that does not re-send earlier ids would cost; Gym #2663; the patched prompt is checked to
+   be the same for both).
 
 Goal (issue 26): patched / unpatched <= 1.3 at 64 turns / 32k tokens, the per-request cost linear in length.
 
@@ -129,22 +130,17 @@ class Bench:
         finally:
             self.cls.preprocess_chat = self.patched
             self.hooks.fast_prefix_ids = self.fast_prefix
-        out = {name: statistics.median(v) * 1e3 for name, v in samples.items()}
+        out = {name: statistics.median(v) * 1e3 if v else math.nan for name, v in samples.items()}
         out["prompts"] = prompts
         return out
 
     def time_parse(self, messages: list[dict], tools: list[dict], rounds: int) -> tuple[float, float]:
         """Median ms to parse the request body (json.loads + vLLM's request model): as Gym sends it (every assistant
-        message with its ids), and with only the last assistant message's ids."""
+        message with its ids), and with only the last assistant message's ids (:func:`lean`)."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        last = max((i for i, m in enumerate(messages) if "prompt_token_ids" in m), default=-1)
-        lean = [
-            m if i == last or "prompt_token_ids" not in m else {k: v for k, v in m.items() if not k.endswith("_ids")}
-            for i, m in enumerate(messages)
-        ]
         times = []
-        for msgs in (messages, lean):
+        for msgs in (messages, lean(messages)):
             raw = json.dumps({"model": "m", "messages": msgs, "tools": tools, "max_tokens": 64})
             runs = []
             for _ in range(max(3, rounds // 3)):
@@ -153,6 +149,16 @@ class Bench:
                 runs.append(time.perf_counter() - t0)
             times.append(statistics.median(runs) * 1e3)
         return times[0], times[1]
+
+
+def lean(messages: list[dict]) -> list[dict]:
+    """``messages`` with token ids on the last assistant message only (earlier ones without ids and log-probs)."""
+    last = max((i for i, m in enumerate(messages) if "prompt_token_ids" in m), default=-1)
+    id_keys = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+    return [
+        m if i == last or "prompt_token_ids" not in m else {k: v for k, v in m.items() if k not in id_keys}
+        for i, m in enumerate(messages)
+    ]
 
 
 async def sizes(bench: Bench, plan: list[tuple[int, int]], rounds: int, slow: bool) -> list[dict]:
@@ -192,6 +198,10 @@ async def curve(bench: Bench, turns: int, tokens: int, rounds: int) -> list[dict
         messages = requests[pick]
         timed = await bench.time_variants(messages, conv.tools, rounds, slow=False)
         parse_all, parse_last = bench.time_parse(messages, conv.tools, rounds)
+        # The patch reads earlier calls' ids only for their lengths: ids on the last call alone give the same prompt.
+        alone = await bench.time_variants(lean(messages), conv.tools, 0, slow=False)
+        if alone["prompts"]["patched"] != timed["prompts"]["patched"]:
+            raise RuntimeError(f"call {pick + 2}: ids on the last call alone give another prompt")
         p = {
             "call": pick + 2,
             "messages": len(messages),
