@@ -18,9 +18,7 @@ from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe
 
 reaped_children = legacy.reaped_children
-# Slow tier: the real-model path of the default tier is the tool model's e2e (test_recipe_tool_model.py, one launch in
-# place of this one); the weight sync reaching vLLM is asserted by the tiny-model e2e tests.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.e2e
 
 ENV = "math_with_judge_simple_agent"
 STEPS = 2
