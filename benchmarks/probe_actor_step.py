@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import ray
 
-    from nemo_gym_adapter.demo_models.smollm2 import build_smollm2
+    from nemo_gym_adapter.demo_models.converter import build_demo_model
 
-    model = args.model or str(build_smollm2())
+    model = args.model or str(build_demo_model("smollm2"))
     ray.init(address="local", num_cpus=4, num_gpus=1, include_dashboard=False)
     results = {}
     try:

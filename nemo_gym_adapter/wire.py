@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from nemo_gym_adapter.errors import GymServerError
+from nemo_gym_adapter.tool_calls import call_fields
 
 # How the patched engines' abort guards begin the message of a 503 for a generation the engine aborted (a weight
 # sync): "ngv: generation aborted by the vLLM engine" (vllm.abort), "... by the SGLang engine" (sglang.answer). Gym
@@ -266,7 +267,13 @@ class GymRunResult(WireModel):
             number = _finite_number(value)
             if number is not None:
                 out[key] = number
+        out.update(self.tool_call_fields())
         return out
+
+    def tool_call_fields(self) -> dict[str, float]:
+        """What the model's tool calls were worth, whatever the verifier checks (``tool_calls.call_fields``)."""
+        calls = [item.model_extra or {} for item in self.response.output if item.type == "function_call"]
+        return call_fields((self.model_extra or {}).get("responses_create_params"), calls)
 
 
 REWARD_COMPONENTS = "reward_components"
@@ -292,6 +299,79 @@ def reward_components(numeric: Mapping[str, float]) -> dict[str, float]:
     """The ``reward_components/<name>`` entries of :meth:`GymRunResult.numeric_fields`, as ``{name: value}``."""
     prefix = f"{REWARD_COMPONENTS}/"
     return {k[len(prefix) :]: v for k, v in numeric.items() if k.startswith(prefix)}
+
+
+def other_row_fields(sent: Mapping[str, Any], result: Mapping[str, Any], limit: int = 3) -> list[str]:
+    """Why ``result`` is another row's answer to ``sent`` (a ``/run`` body), as ``"<key>: sent <a>, result has <b>"``
+    lines (at most ``limit``); empty when it can be this row's.
+
+    Gym's resources servers answer ``BaseVerifyResponse(**body.model_dump(), reward=...)``: the request comes back as
+    they read it. Two signs, both required, because each alone has innocent causes: (1) the user's words are gone
+    from the echoed ``responses_create_params.input`` (some agents return a conversation they built there --
+    harbor_agent, mini_swe_agent -- but keep the task in it); (2) a verifier field comes back with another value
+    (some servers normalise one -- mcqa's ``expected_answer.strip().upper()`` -- so strings are compared stripped and
+    case-folded, numbers as numbers; a coerced type is no evidence, nor are reserved or ``_``-prefixed keys or
+    fields the result does not carry). A relay or cache that mixed up answers shows both; such a reward, trained as
+    this row's, would be another task's."""
+    if not _conversation_lost(sent.get("responses_create_params"), result.get("responses_create_params")):
+        return []
+    clashes = []
+    for key, value in sent.items():
+        if not isinstance(key, str) or key in RESERVED_ROW_KEYS or key.startswith("_") or key not in result:
+            continue
+        echoed = result[key]
+        if _scalar_kind(value) is None or _scalar_kind(value) != _scalar_kind(echoed) or _same(value, echoed):
+            continue
+        clashes.append(f"{key}: sent {json.dumps(value)[:60]}, result has {json.dumps(echoed)[:60]}")
+        if len(clashes) >= limit:
+            break
+    return clashes
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, str) and isinstance(b, str):
+        return a.strip().casefold() == b.strip().casefold()
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def _texts(value: Any) -> list[str]:
+    """The texts of a Responses-API ``input`` (a string, messages with a string or parts as ``content``)."""
+    if isinstance(value, str):
+        return [value]
+    out: list[str] = []
+    for item in value if isinstance(value, list) else ():
+        content = item.get("content") if isinstance(item, Mapping) else None
+        if isinstance(content, str):
+            out.append(content)
+        elif isinstance(content, list):
+            out.extend(str(p.get("text")) for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return out
+
+
+def _user_texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    users = [i for i in value if isinstance(i, Mapping) and i.get("role") == "user"] if isinstance(value, list) else []
+    return [t for t in _texts(users) if t.strip()]
+
+
+def _conversation_lost(sent: Any, echoed: Any) -> bool:
+    """The sent input's user texts are not all found in the echoed input (no echo, or nothing to compare: False)."""
+    if not isinstance(sent, Mapping) or not isinstance(echoed, Mapping) or "input" not in echoed:
+        return False
+    mine = _user_texts(sent.get("input"))
+    theirs = " ".join(_texts(echoed.get("input")))
+    return bool(mine) and any(t.strip() not in theirs for t in mine)
+
+
+def _scalar_kind(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return "str" if isinstance(value, str) else None
 
 
 def describe_validation_error(error: ValidationError, *, max_errors: int = 5) -> str:
