@@ -55,7 +55,13 @@ from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
-from recipe.nemo_gym import advantage, logprob_guard, masked_estimators, rollout_correction, storage  # advantage: masked_grpo
+from recipe.nemo_gym import (  # advantage registers masked_grpo
+    advantage,
+    logprob_guard,
+    masked_estimators,
+    rollout_correction,
+    storage,
+)
 from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
