@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_step_time import LoadSampler, run_variant  # noqa: E402
+from bench_step_time import run_series  # noqa: E402
 
 CONFIG = "nemo_gym_cpu_latency"
 LATENCY_KEY = "nemo_gym.config_overrides.toy_latency.resources_servers.toy_latency.tool_latency_s"
@@ -152,20 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         return report(args.report, args.skip, args.window, args.samples_per_step)
     root = (args.out_dir or REPO / "logs" / "bench_env_latency" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, dict[str, float]] = {}
-    for latency in args.latencies:
-        for mode in args.modes:
-            name = f"{latency:g}s_{mode}"
-            out_dir = root / name
-            out_dir.mkdir(parents=True, exist_ok=True)
-            cmd = command(latency, mode, args.steps, args.warmup_batches, out_dir, args.overrides)
-            (out_dir / "command.json").write_text(json.dumps(cmd, indent=1) + "\n")
-            print(f"[bench] {name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-            sampler = LoadSampler()
-            code, wall = run_variant(cmd, out_dir, args.timeout)
-            runs[name] = {"exit": float(code), "wall_s": wall, **sampler.stop()}
-            (root / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")
-            print(f"[bench] {name}: exit {code} after {wall:.0f} s", file=sys.stderr, flush=True)
+    commands = {
+        f"{latency:g}s_{mode}": lambda out, latency=latency, mode=mode: command(
+            latency, mode, args.steps, args.warmup_batches, out, args.overrides
+        )
+        for latency in args.latencies
+        for mode in args.modes
+    }
+    run_series(root, commands, args.timeout)
     return report(root, args.skip, args.window, args.samples_per_step)
 
 

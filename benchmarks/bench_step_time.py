@@ -11,7 +11,7 @@ verl's step time (``timing_s/step``; validation is timed apart, ``timing_s/testi
 each variant's means and its ratio to the first variant. The load average (1 min) is sampled every 10 s while each
 variant runs and printed with it: a shared machine distorts timings, run it under both locks.
 
-    .venv/bin/python benchmarks/bench_step_time.py [--steps 12] [--test-freq 4] [--variants baseline trusted]
+    .venv/bin/python benchmarks/bench_step_time.py [--steps 12] [--test-freq 4 | --no-val] [--variants baseline trusted]
         [-- hydra overrides for every variant...]
     .venv/bin/python benchmarks/bench_step_time.py --report DIR   # the table again from a finished run's DIR
 
@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -45,7 +46,10 @@ VARIANTS: dict[str, list[str]] = {
 PARTS = ("gen", "old_log_prob", "update_actor", "update_weights")
 
 
-def recipe_command(config_name: str, steps: int, test_freq: int, out_dir: Path, overrides: list[str]) -> list[str]:
+def recipe_command(
+    config_name: str, steps: int, test_freq: int, out_dir: Path, overrides: list[str], validate: bool = True
+) -> list[str]:
+    val = [f"trainer.test_freq={test_freq}", "trainer.val_before_train=true"]
     return [
         sys.executable,
         "-m",
@@ -53,8 +57,7 @@ def recipe_command(config_name: str, steps: int, test_freq: int, out_dir: Path, 
         "--config-name",
         config_name,
         f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={test_freq}",
-        "trainer.val_before_train=true",
+        *(val if validate else ["trainer.test_freq=-1", "trainer.val_before_train=false"]),
         "trainer.logger=[console,file]",
         f"nemo_gym.run_dir={out_dir / 'gym'}",
         # The file logger lives in the TaskRunner (a Ray actor): tell it where to write through the runtime env.
@@ -101,6 +104,24 @@ def run_variant(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, flo
     return (code if code is not None else -1), time.monotonic() - t0
 
 
+def run_series(root: Path, commands: dict[str, Any], timeout: float) -> dict[str, dict[str, float]]:
+    """Run each named command (``out_dir -> argv``) in turn into ``root/<name>``, the load sampled while it runs;
+    ``root/runs.json`` (exit, wall, load) rewritten after each."""
+    info: dict[str, dict[str, float]] = {}
+    for name, make in commands.items():
+        out_dir = root / name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cmd = make(out_dir)
+        (out_dir / "command.json").write_text(json.dumps(cmd, indent=1) + "\n")
+        print(f"[bench] {name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+        sampler = LoadSampler()
+        code, wall = run_variant(cmd, out_dir, timeout)
+        info[name] = {"exit": float(code), "wall_s": wall, **sampler.stop()}
+        (root / "runs.json").write_text(json.dumps(info, indent=1) + "\n")
+        print(f"[bench] {name}: exit {code} after {wall:.0f} s", file=sys.stderr, flush=True)
+    return info
+
+
 def _val_key(steps: dict[int, dict[str, float]]) -> str | None:
     """verl's greedy validation reward of the (one) environment: math_with_judge's reward is its success (0/1)."""
     keys = sorted({k for m in steps.values() for k in m if k.startswith("val-core/") and "/reward/mean@" in k})
@@ -113,8 +134,8 @@ def step_rows(steps: dict[int, dict[str, float]]) -> list[dict[str, float]]:
     rows = []
     for step, m in sorted(steps.items()):
         row: dict[str, float] = {"step": float(step)}
-        if "timing_s/step" in m:  # verl times validation apart (timing_s/testing)
-            row["step_s"] = m["timing_s/step"]
+        if "timing_s/step" in m and "timing_s/testing" not in m:
+            row["step_s"] = m["timing_s/step"]  # a step that validated: verl's v1 step timer is not the step's there
         for part in PARTS:
             if f"timing_s/{part}" in m:
                 row[part] = m[f"timing_s/{part}"]
@@ -122,6 +143,7 @@ def step_rows(steps: dict[int, dict[str, float]]) -> list[dict[str, float]]:
             ("onpolicy/trusted", "trusted"),
             ("onpolicy/logprob_abs_diff_mean", "gap_mean"),
             ("onpolicy/logprob_abs_diff_max", "gap_max"),
+            ("onpolicy/guard/within", "within"),
             ("gym/all/reward_mean", "reward"),
             ("actor/entropy", "entropy"),
             ("onpolicy/rollout_nll_mean", "rollout_nll"),
@@ -143,11 +165,26 @@ def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
             out[f"{key}_mean"] = statistics.mean(values)
     recomputed = [r for r in train if r.get("trusted", 0.0) < 0.5]
     out["recompute_steps"] = float(len(recomputed))
+    later = [r["step_s"] for r in train if r["step"] > 1]  # step 1 pays warm-up and is the guard's first check
+    if later:
+        out["step_s_after_1_mean"] = statistics.mean(later)
     return out
 
 
 def print_variant(name: str, rows: list[dict[str, float]], info: dict[str, float]) -> None:
-    cols = ("step", "step_s", *PARTS, "trusted", "gap_mean", "gap_max", "reward", "entropy", "rollout_nll", "val")
+    cols = (
+        "step",
+        "step_s",
+        *PARTS,
+        "trusted",
+        "within",
+        "gap_mean",
+        "gap_max",
+        "reward",
+        "entropy",
+        "rollout_nll",
+        "val",
+    )
     print(
         f"\n== {name}: exit {int(info['exit'])}, wall {info['wall_s']:.0f} s, load average (1 min) start "
         f"{info['load_start']:.1f} mean {info['load_mean']:.1f} max {info['load_max']:.1f} end {info['load_end']:.1f}"
@@ -158,7 +195,7 @@ def print_variant(name: str, rows: list[dict[str, float]], info: dict[str, float
 
 
 def report(root: Path) -> int:
-    from recipe.nemo_gym.reporting import load_step_metrics
+    from recipe.nemo_gym.reward_curve import load_step_metrics
 
     info = json.loads((root / "runs.json").read_text())
     summaries: dict[str, dict[str, float]] = {}
@@ -174,9 +211,10 @@ def report(root: Path) -> int:
         print(f"{k:<22}" + "".join(f"{s.get(k, float('nan')):>14.4g}" for s in summaries.values()))
     base = names[0]
     for name in names[1:]:
-        a, b = summaries[base].get("step_s_mean"), summaries[name].get("step_s_mean")
-        if a and b:
-            print(f"ratio {name}/{base} step time (validation excluded): {b / a:.3f}")
+        for key, what in (("step_s_mean", "every step"), ("step_s_after_1_mean", "steps 2+")):
+            a, b = summaries[base].get(key), summaries[name].get(key)
+            if a and b:
+                print(f"ratio {name}/{base} step time, {what} (steps that validated excluded): {b / a:.3f}")
     return 0 if all(int(m["exit"]) == 0 for m in info.values()) else 1
 
 
@@ -185,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-name", default=CONFIG)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--test-freq", type=int, default=4)
+    p.add_argument("--no-val", action="store_true", help="no validation pass (step times only: a short paired run)")
     p.add_argument("--variants", nargs="+", default=["baseline", "trusted"], choices=list(VARIANTS))
     p.add_argument("--variant-args", action="append", default=[], metavar="NAME=OVERRIDE")
     p.add_argument("--out-dir", type=Path)
@@ -202,19 +241,18 @@ def main(argv: list[str] | None = None) -> int:
         extra.setdefault(name, []).append(override)
     root = (args.out_dir or REPO / "logs" / "bench_step_time" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    info: dict[str, dict[str, float]] = {}
-    for name in args.variants:
-        out_dir = root / name
-        out_dir.mkdir(parents=True, exist_ok=True)
-        overrides = [*VARIANTS[name], *extra.get(name, []), *args.overrides]
-        cmd = recipe_command(args.config_name, args.steps, args.test_freq, out_dir, overrides)
-        (out_dir / "command.json").write_text(json.dumps(cmd, indent=1) + "\n")
-        print(f"[bench] {name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
-        sampler = LoadSampler()
-        code, wall = run_variant(cmd, out_dir, args.timeout)
-        info[name] = {"exit": float(code), "wall_s": wall, **sampler.stop()}
-        (root / "runs.json").write_text(json.dumps(info, indent=1) + "\n")
-        print(f"[bench] {name}: exit {code} after {wall:.0f} s", file=sys.stderr, flush=True)
+    commands = {
+        name: lambda out, name=name: recipe_command(
+            args.config_name,
+            args.steps,
+            args.test_freq,
+            out,
+            [*VARIANTS[name], *extra.get(name, []), *args.overrides],
+            not args.no_val,
+        )
+        for name in args.variants
+    }
+    run_series(root, commands, args.timeout)
     return report(root)
 
 

@@ -12,8 +12,7 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    ``separate_async``) with :class:`NemoGymTrainerMixin` in front (:func:`nemo_gym_trainer_cls`):
    - on CPU (``trainer.device=cpu``) the actor role runs ``cpu.platform.CpuActorRolloutRefWorker`` (gloo);
    - ``onpolicy/*`` (rollout-vs-actor logprob gap, :func:`recipe.nemo_gym.task_runner.logprob_gap_metrics`) after
-     verl computed ``old_log_probs``; with ``nemo_gym.trusted_logprobs`` the rollout's log-probs are the old ones on
-     the steps :mod:`recipe.nemo_gym.logprob_guard` trusts (verl's ``bypass_mode`` switched per step);
+     verl computed ``old_log_probs``, or the rollout's as those where :mod:`recipe.nemo_gym.logprob_guard` trusts them;
    - the rollout manager's metrics (``drain_metrics``: ``gym/...``) go into each step's metric dict under their own
      names: verl's v1 trainer has no channel for rollout-manager metrics (verl PR #7255, open);
    - verl's rollout-correction step is guarded against a step in which every sample is masked
@@ -183,13 +182,10 @@ class NemoGymTrainerMixin:
             return batch
         padded = data.to_padded_tensor()
         old = None if trusted else padded["old_log_probs"]  # a trusted step's are the rollout's own
+        rollout, mask = padded["rollout_log_probs"], padded["response_mask"]
         if old is not None:
-            metrics.update(logprob_gap_metrics(old, padded["rollout_log_probs"], padded["response_mask"]))
-        metrics.update(
-            logprob_guard.finish_step(
-                self, self.global_steps, old, padded["rollout_log_probs"], padded["response_mask"], fresh
-            )
-        )
+            metrics.update(logprob_gap_metrics(old, rollout, mask))
+        metrics.update(logprob_guard.finish_step(self, self.global_steps, old, rollout, mask, fresh))
         # The groups this step learns from: with verl's group filter on, none without signal (rollouts.groups).
         uids = [key.split("_")[0] for key in batch.keys]
         valid = (padded["response_mask"].sum(dim=-1) > 0).tolist()
