@@ -290,8 +290,9 @@ def config_notes(config: Any, settings: GuardSettings) -> list[str]:
 _ATTR = "_ngv_logprob_guard"
 
 
-def guard_of(trainer: Any) -> tuple[LogprobGuard, BypassSwitch]:
-    """The trainer's guard and switch, made on first use from its config (start-up notes printed once)."""
+def guard_of(trainer: Any) -> tuple[LogprobGuard, BypassSwitch | None]:
+    """The trainer's guard and switch, made on first use from its config (start-up notes printed once); no switch
+    with the guard off: verl's config is then never read or touched."""
     found = getattr(trainer, _ATTR, None)
     if found is None:
         from nemo_gym_adapter.recipe_config import load_config
@@ -299,7 +300,7 @@ def guard_of(trainer: Any) -> tuple[LogprobGuard, BypassSwitch]:
         settings = GuardSettings.from_section(load_config(trainer.config, check_files=False).gym.trusted_logprobs)
         for note in config_notes(trainer.config, settings):
             print(f"[nemo-gym-verl] {note}", flush=True)
-        found = (LogprobGuard(settings), BypassSwitch(trainer.config))
+        found = (LogprobGuard(settings), BypassSwitch(trainer.config) if settings.enable else None)
         setattr(trainer, _ATTR, found)
     return found
 
@@ -310,7 +311,7 @@ def begin_step(trainer: Any, step: int, all_fresh: bool = True) -> bool:
     (``all_fresh=False``: the async modes) recomputes: decoupled PPO anchors on the current policy, which a stale
     sample's rollout log-probs are not. With the guard off nothing is touched."""
     guard, switch = guard_of(trainer)
-    if not guard.settings.enable:
+    if switch is None:
         return False
     trusted = guard.trusts(step, all_fresh)
     switch.set(trusted)

@@ -197,6 +197,21 @@ def test_begin_and_finish_step_on_a_fake_trainer(tmp_path, capsys):
     assert lg.begin_step(t, 3) is False and t.config.algorithm.rollout_correction.bypass_mode is False
 
 
+def test_off_the_trainers_calls_leave_verls_config_alone(tmp_path, capsys):
+    """The default: the trainers still call begin/finish every step; nothing of verl's config is read or changed, the
+    old log-probs are always recomputed and only the sampler-side entropy estimate is added."""
+    cfg = minimal_recipe_config(tmp_path)
+    cfg.setdefault("algorithm", {})["rollout_correction"] = {"rollout_is": None, "bypass_mode": False}
+    t = FakeTrainer(cfg)
+    before = OmegaConf.to_container(t.config)
+    old, rollout, mask = torch.full((2, 3), -1.5), torch.full((2, 3), -1.0), torch.ones(2, 3)
+    for step in (1, 2, 3):
+        assert lg.begin_step(t, step) is False
+        assert lg.finish_step(t, step, old, rollout, mask) == {"onpolicy/rollout_nll_mean": 1.0}
+    assert lg.guard_of(t)[1] is None and OmegaConf.to_container(t.config) == before
+    assert capsys.readouterr().out == ""
+
+
 def test_config_refuses_verls_own_bypass_with_the_guard_on(tmp_path):
     cfg = minimal_recipe_config(tmp_path)
     cfg["nemo_gym"]["trusted_logprobs"] = {"enable": True}
