@@ -91,7 +91,9 @@ ABORT_GUARD_TARGETS = (
     ),
 )
 GUARD_SENTINEL = "__ngv_abort_guard__"
-_COUNTS = {"aborted": 0}  # aborted answers turned into 503s in this process (read through Ray: aborted_total)
+# In this process: aborted answers turned into 503s, and the generated tokens they withheld (each one is generated
+# again when Gym retries the turn). Read through Ray: aborted_total, regenerated_tokens_total.
+_COUNTS = {"aborted": 0, "regenerated_tokens": 0}
 
 
 def aborted_total() -> int:
@@ -99,16 +101,28 @@ def aborted_total() -> int:
     return _COUNTS["aborted"]
 
 
+def regenerated_tokens_total() -> int:
+    """How many generated tokens those 503s withheld (Gym's retry generates them again) in this process."""
+    return _COUNTS["regenerated_tokens"]
+
+
+def generated_tokens(outputs: Any) -> int:
+    """The generated tokens of ``RequestOutput`` s (all their completions)."""
+    return sum(len(o.token_ids) for res in outputs for o in (getattr(res, "outputs", None) or ()))
+
+
 def was_aborted(output: Any) -> bool:
     """True when a ``RequestOutput`` has a completion that ended with ``finish_reason="abort"``."""
     return any(getattr(o, "finish_reason", None) == "abort" for o in getattr(output, "outputs", None) or ())
 
 
-def refuse(serving: Any) -> Any:
-    """Count one aborted answer and return the serving object's own 503 ``ErrorResponse`` naming the abort."""
+def refuse(serving: Any, outputs: Any = ()) -> Any:
+    """Count one aborted answer (and the generated tokens of ``outputs``, the ``RequestOutput`` s it withholds) and
+    return the serving object's own 503 ``ErrorResponse`` naming the abort."""
     from http import HTTPStatus
 
     _COUNTS["aborted"] += 1
+    _COUNTS["regenerated_tokens"] += generated_tokens(outputs)
     return serving.create_error_response(
         ABORT_MESSAGE, err_type="ServiceUnavailableError", status_code=HTTPStatus.SERVICE_UNAVAILABLE
     )
@@ -145,7 +159,7 @@ def make_abort_guard(original: Any, outputs: str = "stream") -> Any:
             if getattr(response, "choices", None) is None:  # an error answer of vLLM's own
                 return response
             if watch.aborted:
-                return refuse(self)
+                return refuse(self, [watch.last])
             return attach_token_fields(request, response, watch.last)
 
         guard: Any = guarded_stream
@@ -154,7 +168,7 @@ def make_abort_guard(original: Any, outputs: str = "stream") -> Any:
         @functools.wraps(original)
         def guarded_batch(self: Any, final_res_batch: Any, *args: Any, **kw: Any) -> Any:
             if any(was_aborted(res) for res in final_res_batch):
-                return refuse(self)
+                return refuse(self, final_res_batch)
             return original(self, final_res_batch, *args, **kw)
 
         guard = guarded_batch

@@ -216,3 +216,77 @@ def test_through_gym_an_aborted_turn_is_retried_after_the_resume_and_the_row_com
     ]
     assert "".join(texts).count("ab") == TOKENS, texts  # the whole forced answer, not a cut prefix
     print(f"\n[abort] paused {t_resume - t_abort:.1f}s; row whole after the resume: {t.num_generated} tokens")
+
+
+# ---- partial rollouts (nemo_gym_adapter.vllm.resume): a resumable turn keeps its tokens ----------------------------
+
+RESUMED = 600  # tokens of a turn generated to its length limit (ignore_eos), greedy: interrupted or not, the same ids
+
+
+def _resumable(server: VllmServer, path: str) -> tuple[str, dict]:
+    """A greedy ``RESUMED``-token request on ``path`` that nothing ends early (``ignore_eos``), with the token ids and
+    log-probs Gym asks for: sampling a prompt can carry, so an abort resumes it."""
+    common = {"model": server.model_name, "max_tokens": RESUMED, "ignore_eos": True, "temperature": 0.0}
+    if path == "chat":
+        body = {
+            **common,
+            "messages": [{"role": "user", "content": "Say ab many times."}],
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+        }
+        return "/chat/completions", body
+    return "/completions", {**common, "prompt": "Say ab many times.", "logprobs": 0, "return_token_ids": True}
+
+
+def _answer(path: str, body: dict) -> tuple[list[int], list[float], str, str]:
+    """(generated ids, their log-probs, text, finish reason) of a chat or completions answer."""
+    choice = body["choices"][0]
+    if path == "chat":
+        logprobs = [e["logprob"] for e in choice["logprobs"]["content"]]
+        return choice["token_ids"], logprobs, choice["message"]["content"] or "", choice["finish_reason"]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"], choice["text"], choice["finish_reason"]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_patched_vllm_resumes_an_aborted_generation_from_its_own_tokens(patched, path):
+    """Aborted mid-way the way verl aborts it, then resumed after a pause: the answer is the whole turn, the same
+    ids, log-probs and text as the uninterrupted greedy turn, and vLLM generated each token once (its counter grew by
+    the turn's length, not by length + the tokens before the abort) while its prompt counter shows the resumed
+    request's prefill of prompt + kept tokens. The control is the same server's 503 for a turn it cannot resume
+    (``structured_outputs``: ``test_patched_vllm_answers_an_aborted_generation_503_naming_the_abort``)."""
+    url, body = _resumable(patched, path)
+    generated, prompted = (_metric(patched, f"vllm:{m}_tokens_total") for m in ("generation", "prompt"))
+    status, reference = _post(patched.base_url + url, body)
+    assert status == 200, reference
+    ref_ids, ref_logprobs, ref_text, finish = _answer(path, reference)
+    assert finish == "length" and len(ref_ids) == RESUMED, (finish, len(ref_ids))
+    prompt_len = int(_metric(patched, "vllm:prompt_tokens_total") - prompted)
+    assert _metric(patched, "vllm:generation_tokens_total") - generated == RESUMED
+
+    aborted = _metric(patched, "vllm:request_success_total", finished_reason="abort")
+    generated, prompted = (_metric(patched, f"vllm:{m}_tokens_total") for m in ("generation", "prompt"))
+    answer: dict[str, Any] = {}
+    caller = threading.Thread(target=lambda: answer.update(r=_post(patched.base_url + url, body)))
+    caller.start()
+    try:
+        _abort_when_generating(patched, min_tokens=50)
+        time.sleep(1.0)  # the weight sync: the resumed request waits in the paused engine meanwhile
+        assert caller.is_alive(), f"answered while the engine was paused: {answer}"
+    finally:
+        _post(_root(patched) + "/resume")
+    caller.join(timeout=120)
+    assert not caller.is_alive(), "the resumed request did not come back"
+    status, resumed = answer["r"]
+    assert status == 200, resumed
+    assert _metric(patched, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+    ids, logprobs, text, finish = _answer(path, resumed)
+    kept = int(_metric(patched, "vllm:prompt_tokens_total") - prompted) - 2 * prompt_len
+    assert 0 < kept < RESUMED, kept  # the resumed request's prompt carried the kept tokens
+    assert _metric(patched, "vllm:generation_tokens_total") - generated == RESUMED  # none generated twice
+    assert finish == "length" and len(ids) == len(logprobs) == RESUMED
+    assert ids == ref_ids and text == ref_text, next(
+        i for i, (a, b) in enumerate(zip(ids, ref_ids, strict=True)) if a != b
+    )
+    assert logprobs == pytest.approx(ref_logprobs, abs=1e-3)
+    print(f"\n[resume] {path}: kept {kept} of {RESUMED} tokens across the abort; none regenerated")
