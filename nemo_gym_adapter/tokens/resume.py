@@ -41,8 +41,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# At most this many segments per turn (a pause that never ends a turn is answered as before: 503).
+# At most this many segments with tokens per turn, and resumed requests in all (a resumed request aborted again
+# before its first token counts only here): a turn past either is answered as before, 503.
 MAX_SEGMENTS = 32
+MAX_ATTEMPTS = 4 * MAX_SEGMENTS
 # Sampling parameters whose effect depends on the tokens generated so far (see the module docstring).
 OUTPUT_DEPENDENT = (
     "presence_penalty",
@@ -60,7 +62,7 @@ REFUSALS = (
     "n",  # several completions in one request
     "not_token_prompt",  # a multimodal, embeddings or encoder-decoder prompt
     *OUTPUT_DEPENDENT,
-    "too_many_segments",  # MAX_SEGMENTS reached
+    "too_many_segments",  # MAX_SEGMENTS segments with tokens, or MAX_ATTEMPTS resumed requests
     "budget_spent",  # the kept tokens already fill max_tokens (the abort raced the length finish)
     "ended_on_stop_token",  # the kept tokens end on a stop token (the abort raced the stop)
 )
@@ -91,13 +93,14 @@ def refusal(
     kept_ids: Sequence[int],
     *,
     segments: int,
+    attempts: int = 0,
     enabled: bool = True,
     rejecting: bool = False,
     token_prompt: bool = True,
     room: int | None = None,
 ) -> str | None:
-    """Why a turn interrupted after ``kept_ids`` (all its tokens so far, ``segments`` pieces) cannot be resumed, or
-    None when it can. The reasons are :data:`REFUSALS`, checked in that order. ``room``: the context left after the
+    """Why a turn interrupted after ``kept_ids`` (all its tokens so far, in ``segments`` pieces with tokens, after
+    ``attempts`` resumed requests) cannot be resumed, or None when it can. The reasons are :data:`REFUSALS`, checked in that order. ``room``: the context left after the
     request's prompt (``max_model_len - len(prompt)``), when known."""
     if not enabled:
         return "disabled"
@@ -110,7 +113,7 @@ def refusal(
     for name in OUTPUT_DEPENDENT:
         if name in sampling.output_dependent:
             return name
-    if segments >= MAX_SEGMENTS:
+    if segments >= MAX_SEGMENTS or attempts >= MAX_ATTEMPTS:
         return "too_many_segments"
     if (sampling.max_tokens is not None and len(kept_ids) >= sampling.max_tokens) or (
         room is not None and len(kept_ids) >= room

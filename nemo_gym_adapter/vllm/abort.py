@@ -8,14 +8,18 @@ the partial text and token ids; Gym's ``vllm_model`` maps only ``length``/``cont
 ``incomplete_details``, so the cut turn reaches the agent as a ``completed`` response and the row would be trained as
 if the model had stopped there. verl's own agent loops resume aborted requests; Gym's HTTP calls cannot.
 
-With the guard (installed beside the token-ID patch by :func:`nemo_gym_adapter.vllm.patch.apply_patch`), such an
-answer becomes a 503 whose message starts with :data:`ABORT_MARKER`. Gym's model client retries 503 (its
-``RATE_LIMIT_ERROR_CODES``; ``MAX_NUM_TRIES`` = 3 attempts, 0.5 s apart): the retry is accepted by the paused engine
-and waits there until ``resume_generation``, so the turn is regenerated from its start on the new weights. If Gym
-gives up, the row's ``/run`` fails and the trajectory is masked ``aborted``
-(:data:`nemo_gym_adapter.rollouts.trajectory.MaskReason.ABORTED`, counted in ``gym/*/masked_rate/aborted``). Every 503
-is counted in the serving process (:func:`aborted_total`; the managers log the sum over verl's server actors as
-``gym/engine/aborted_turns_total``, read with ``vllm.patch.aborted_turns``).
+Most such turns never get here: partial rollouts (:mod:`nemo_gym_adapter.vllm.resume`) resume them inside the server
+from the tokens they had. The guard answers the rest, turns that cannot be resumed (``tokens.resume.REFUSALS``:
+``nemo_gym.partial_rollouts: false``, structured outputs, output penalties, ...). With the guard (installed beside
+the token-ID patch by :func:`nemo_gym_adapter.vllm.patch.apply_patch`), such an answer becomes a 503 whose message
+starts with :data:`ABORT_MARKER`. Gym's model client retries 503 (its ``RATE_LIMIT_ERROR_CODES``; ``MAX_NUM_TRIES`` = 3
+attempts, 0.5 s apart): the retry is accepted by the paused engine and waits there until ``resume_generation``, so
+the turn is regenerated from its start on the new weights. If Gym gives up, the row's ``/run`` fails and the
+trajectory is masked ``aborted`` (:data:`nemo_gym_adapter.rollouts.trajectory.MaskReason.ABORTED`, counted in
+``gym/*/masked_rate/aborted``). Every 503 is counted in the serving process, with the generated tokens it withheld
+(:func:`aborted_total`, :func:`regenerated_tokens_total`; the managers log the sums over verl's server actors as
+``gym/engine/aborted_turns_total`` and ``gym/engine/regenerated_tokens_total``, read with
+``vllm.patch.engine_counters``).
 
 The vLLM paths Gym 0.7.0's ``vllm_model`` calls (``responses_api_models/vllm_model/app.py``), all non-streaming, and
 what guards each (:data:`ABORT_GUARD_TARGETS`, one mechanism: find the ``RequestOutput`` s, answer 503 if any ended

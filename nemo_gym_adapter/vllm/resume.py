@@ -176,8 +176,11 @@ async def resuming(
     """Async generator of one final ``RequestOutput``: the engine's, or the merge of the segments of a turn that
     was aborted and resumed (module docstring)."""
     tokenizer = getattr(getattr(engine, "output_processor", None), "tokenizer", None) or tokenizer
-    parts: list[Any] = []  # the aborted segments' final outputs
-    versions: list[int | None] = []
+    # The request's own output, then each resumed segment that carried tokens (a resumed request aborted before its
+    # first token -- a pause that aborts again, as verl's sleep after its abort does on GPUs -- leaves nothing).
+    parts: list[Any] = []
+    versions: list[int | None] = []  # each part's weight version
+    attempts = 0  # resumed requests so far
     gen = original(engine, prompt, params, request_id, **kwargs)
     while True:
         last = None
@@ -185,9 +188,9 @@ async def resuming(
             last = output
         if last is None:  # no output at all: vLLM's serving answers its own error
             return
-        versions.append(SERVER.version())
+        version = SERVER.version()  # weights change only while the engine is paused: this segment's weights
         if not _aborted(last):
-            yield last if not parts else _merged([*parts, last], versions, tokenizer, params)
+            yield last if not parts else _merged([*parts, last], [*versions, version], tokenizer, params)
             return
         if not parts:
             _COUNTS["interrupted_turns"] += 1
@@ -199,7 +202,8 @@ async def resuming(
         reason = plan.refusal(
             sampling,
             kept,
-            segments=len(parts) + 1,
+            segments=sum(1 for p in [*parts, last] if _ids([p])),
+            attempts=attempts,
             enabled=OPTIONS["enabled"],
             rejecting=SERVER.rejecting(),
             token_prompt=token_prompt,
@@ -207,21 +211,24 @@ async def resuming(
         )
         if reason is not None:
             _count_refusal(reason)
-            yield last if not parts else _merged([*parts, last], versions, tokenizer, params, text=False)
+            yield last if not parts else _merged([*parts, last], [*versions, version], tokenizer, params, text=False)
             return
-        parts.append(last)
+        if not parts or _ids([last]):
+            parts.append(last)
+            versions.append(version)
+        attempts += 1
         _COUNTS["resumes"] += 1
         max_tokens, min_tokens = plan.resumed_limits(sampling, len(kept), len(prompt_ids), max_model_len)
         following = params.clone()
         following.max_tokens, following.min_tokens = max_tokens, min_tokens
-        following.seed = plan.resumed_seed(params.seed, len(parts))
+        following.seed = plan.resumed_seed(params.seed, attempts)
         for name in ("prompt_logprobs", "prompt_logprob_token_ids", "prompt_logprob_start"):
             if hasattr(following, name):  # the prompt's log-probs are the first segment's
                 setattr(following, name, None)
         resumed_prompt = {k: v for k, v in prompt.items() if k in ("type", "cache_salt")}
         resumed_prompt["prompt_token_ids"] = prompt_ids + kept
-        logger.debug("resuming %s after %d tokens (segment %d)", request_id, len(kept), len(parts) + 1)
-        gen = original(engine, resumed_prompt, following, f"{request_id}-ngv-resume-{len(parts)}", **kwargs)
+        logger.debug("resuming %s after %d tokens (attempt %d)", request_id, len(kept), attempts)
+        gen = original(engine, resumed_prompt, following, f"{request_id}-ngv-resume-{attempts}", **kwargs)
 
 
 def _aborted(output: Any) -> bool:

@@ -30,6 +30,9 @@ def test_refusals_in_order_each_a_metric_key():
     assert plan.refusal(Sampling(), [1], token_prompt=False, **kw) == "not_token_prompt"
     assert plan.refusal(Sampling(), [1], segments=plan.MAX_SEGMENTS) == "too_many_segments"
     assert plan.refusal(Sampling(), [1], segments=plan.MAX_SEGMENTS - 1) is None
+    # resumed requests aborted before their first token (a pause that aborts again) are capped separately
+    assert plan.refusal(Sampling(), [1], segments=1, attempts=plan.MAX_ATTEMPTS) == "too_many_segments"
+    assert plan.refusal(Sampling(), [1], segments=1, attempts=plan.MAX_ATTEMPTS - 1) is None
     assert set(plan.REFUSALS) >= set(plan.OUTPUT_DEPENDENT)
     assert all("/" not in r and " " not in r for r in plan.REFUSALS)
 

@@ -164,14 +164,29 @@ def test_an_aborted_turn_resumes_from_its_own_tokens_and_comes_back_as_one_answe
     assert counts["resumed_tokens"] == 3 and counts["refused_turns"] == 0
 
 
-def test_a_turn_aborted_at_every_sync_keeps_every_segment():
+def test_a_turn_aborted_at_every_sync_keeps_every_segment(monkeypatch):
+    """Aborted again before its first token (``None``: a pause that aborts the queued request, as verl's sleep after
+    its abort does on GPUs), then again mid-way: every token kept once, each segment with its weight version."""
+    versions = iter([1, 1, 2, 3])
+    monkeypatch.setattr(vllm_resume.SERVER, "version", lambda: next(versions))
     engine = FakeEngine(out([1], "abort"), None, out([2, 3], "abort"), out([4], "length"))
-    (merged,) = run(engine, FakeSamplingParams(max_tokens=4))
+    (merged,) = run(engine, FakeSamplingParams(max_tokens=4, seed=5))
     assert [c[0]["prompt_token_ids"][len(PROMPT) :] for c in engine.calls] == [[], [1], [1], [1, 2, 3]]
     assert [c[1].max_tokens for c in engine.calls] == [4, 3, 3, 1]
+    assert len({c[1].seed for c in engine.calls}) == 4 and len({c[2] for c in engine.calls}) == 4
     assert merged.outputs[0].token_ids == [1, 2, 3, 4] and merged.outputs[0].finish_reason == "length"
     counts = vllm_resume.counters()
     assert (counts["interrupted_turns"], counts["resumes"], counts["resumed_tokens"]) == (1, 3, 3)
+    segments = (Segment(1, 1), Segment(2, 2), Segment(1, 3))
+    assert vllm_resume.LEDGER.get(turn_key(PROMPT, [1, 2, 3, 4])) == segments
+
+
+def test_a_turn_aborted_before_its_first_token_is_sent_again_whole():
+    engine = FakeEngine(None, out([1, 2], "stop"))
+    (merged,) = run(engine, FakeSamplingParams())
+    assert engine.calls[1][0]["prompt_token_ids"] == PROMPT and engine.calls[1][1].max_tokens == 10
+    assert merged.request_id == "chatcmpl-1" and merged.outputs[0].token_ids == [1, 2]
+    assert vllm_resume.counters()["resumed_tokens"] == 0
 
 
 def test_a_turn_nothing_interrupted_is_the_engines_own_output():
