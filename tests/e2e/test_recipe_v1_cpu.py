@@ -113,6 +113,9 @@ SEPARATE_ASYNC = (
     "ray_kwargs.ray_init.num_gpus=2",  # Ray's logical GPU slots: one for the actor, one for the standalone replica
     "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_zmq",
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.nemo_gym.cpu.checkpoint_engine",
+    # Rollouts of 3 batches ahead run while the actor trains, so turns are in flight at each weight sync (with verl's
+    # default of 1 the next batch had finished first: "Aborted 0 requests"); partial rollouts resume them.
+    "trainer.v1.separate_async.num_warmup_batches=3",
 )
 ASYNC_MODES = {"colocate_async": (10, ()), "separate_async": (3, SEPARATE_ASYNC)}
 
@@ -157,6 +160,17 @@ def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp
         if "gym/engine/aborted_turns_total" in steps[s]
     ]
     assert aborted and aborted == sorted(aborted), f"aborted turns per step: {aborted}"
+    # Partial rollouts (nemo_gym_adapter.vllm.resume): every turn an abort interrupted resumed from its tokens inside
+    # the server; none was answered 503 and regenerated. The last counters read (cumulative, all server actors):
+    engine = {
+        k.removeprefix("gym/engine/").removesuffix("_total"): v
+        for k, v in steps[max(s for s in steps if "gym/engine/interrupted_turns_total" in steps[s])].items()
+        if k.startswith("gym/engine/") and k.endswith("_total")
+    }
+    assert engine["regenerated_tokens"] == engine["aborted_turns"] == engine["refused_turns"] == 0, engine
+    assert engine["resumes"] >= engine["interrupted_turns"] >= engine["resumed_turns"], engine
+    if mode == "separate_async":  # rollouts of 3 batches ahead are in flight at every sync (the warm-up below)
+        assert engine["interrupted_turns"] > 0, f"no turn was in flight at a weight sync: {engine}"
     masked_aborted = sum(m.get("gym/all/masked_rate/aborted", 0.0) for m in steps.values())
     probes = [
         steps[s]["gym/engine/probe_logprob_mean"] for s in sorted(steps) if "gym/engine/probe_logprob_mean" in steps[s]
@@ -166,7 +180,8 @@ def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp
         assert all(abs(b - a) > PROBE_MIN_MOVE for a, b in zip(probes, probes[1:], strict=False)), probes
     print(
         f"{mode}: {wall:.0f}s wall; staleness max per step {stale}; aborted turns (cumulative) {aborted}; "
-        f"masked 'aborted' rate summed over steps {masked_aborted}; engine probe per step {probes}"
+        f"masked 'aborted' rate summed over steps {masked_aborted}; engine probe per step {probes}; "
+        f"interrupted turns {engine}"
     )
     assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()
