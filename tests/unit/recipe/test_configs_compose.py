@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
+from nemo_gym_adapter.recipe_config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
 from recipe.nemo_gym.main import CONFIG_DIR, verl_config_dir, with_verl_searchpath
 from recipe.nemo_gym.resolvers import register_resolvers
 
@@ -25,6 +25,7 @@ def test_the_shipped_configs_are_the_expected_ones():
     assert PRIMARY_CONFIGS == [
         "nemo_gym_cpu",
         "nemo_gym_cpu_multi_env",
+        "nemo_gym_cpu_qwen_tools",
         "nemo_gym_cpu_smollm2_math",
         "nemo_gym_cpu_toy",
         "nemo_gym_multi_env",

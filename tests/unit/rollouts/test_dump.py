@@ -11,7 +11,7 @@ from pathlib import Path
 from nemo_gym_adapter.rollouts import dump_view
 from nemo_gym_adapter.rollouts.core import RowResult
 from nemo_gym_adapter.rollouts.dump import DumpConfig, RolloutDump, SampleContext, rollout_record, step_file
-from nemo_gym_adapter.rollouts.trajectory import trajectory_from_outcome
+from nemo_gym_adapter.rollouts.outcome import trajectory_from_outcome
 from tests.support.gym_results import E0, G0, G1, P0, FakeFailure, FakeOutcome, handmade_multiturn, recorded
 
 BIG = DumpConfig(Path("unused"), max_text_chars=100_000)
@@ -49,7 +49,8 @@ def test_a_multi_turn_tool_call_rollout_reads_as_text_with_every_tool_call_and_o
     # recorded without the token-ID patch: its history is not contiguous, which the line says
     assert r["gym_reward"] == 1.0 and r["masked_reason"] == "non_contiguous" and r["contiguous"] is False
     assert r["num_turns"] == 3 and r["prompt_tokens"] == 222 and r["generated_tokens"] == 0
-    assert r["result"] == {"accuracy": 1.0} and r["reward_components"] == {"call": 1.0}
+    tool_calls = {"tool_calls/count": 3.0, "tool_calls/schema_valid": 1.0, "tool_calls/unknown_tool": 0.0}
+    assert r["result"] == {"accuracy": 1.0, **tool_calls} and r["reward_components"] == {"call": 1.0}
     assert [c["generated_tokens"] for c in r["model_calls"]] == [43, 43, 43]
     assert False in [c["extends_previous"] for c in r["model_calls"][1:]]
     calls = [t for t in r["turns"] if t["type"] == "tool_call"]
