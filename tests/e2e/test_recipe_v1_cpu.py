@@ -126,7 +126,8 @@ ASYNC_MODES = {
 
 # One async mode in the default tier, the other in the slow tier (CI budget, docs/CI.md): separate_async covers more of
 # ours (the CPU checkpoint engine, the standalone replica, task_runner_v1.check_separate_async); colocate_async runs
-# the same manager, tags and staleness path on verl's colocated replica.
+# the same manager, tags and staleness path on verl's colocated replica, with long turns that partial rollouts must
+# resume (the default tier proves a resume on the live server: tests/integration/vllm/test_weight_sync_abort.py).
 @pytest.mark.parametrize("mode", [pytest.param("colocate_async", marks=pytest.mark.slow), "separate_async"])
 def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp_path, reaped_children, mode):
     """verl's async modes (``separate_async`` on the README demo: toy environment, one-letter replies;
@@ -137,8 +138,9 @@ def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp
     generated under version 0), at least 1 on some step (the overlap happened). ``separate_async``: the standalone
     replica's weights move every step (the CPU checkpoint engine delivered them; the probe reads that replica).
     Turns in flight at a sync are resumed from their tokens (partial rollouts): none answered 503, none regenerated;
-    ``colocate_async``, whose long turns are always in flight at a sync, resumed some. No process may be left: the run that first failed this left a fresh Ray cluster's agents behind
-    (docs/V1_NOTES.md). ~2-3 min wall each (colocate_async 6 steps, separate_async 3)."""
+    ``colocate_async``, whose long turns are always in flight at a sync, resumed some. No process may be left: the
+    run that first failed this left a fresh Ray cluster's agents behind (docs/V1_NOTES.md). ~2-3 min wall each
+    (colocate_async 6 steps, separate_async 3)."""
     steps_wanted, overrides, config_name = ASYNC_MODES[mode]
     text, wall = _run_recipe(
         tmp_path,
