@@ -40,6 +40,9 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
         f"trainer.test_freq={STEPS}",
         *batch_overrides(BATCH, N),  # micro batches of BATCH x N samples (the config's 64 fits 8 x 8 only)
         f"trainer.rollout_data_dir={tmp_path / 'rollouts'}",  # verl's dump, and ours next to it (rollouts/gym/)
+        # Off in this config: toy_lookup's grammar renormalises the rollout log-probs. On here, the guard must see that
+        # at its first check and fall back to recomputing (below).
+        "nemo_gym.trusted_logprobs.enable=true",
         config_name="nemo_gym_cpu_multi_env",
     )
     steps = _parse_steps(text)
@@ -61,6 +64,7 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
             assert m[f"gym/{env}/num_turns_mean"] == turns[env]
         assert m["gym/all/masked_rate"] == 0.0 and m["gym/all/contiguity_rate"] == 1.0
         assert math.isfinite(m["actor/pg_loss"])
+    _guard_falls_back_on_renormalised_logprobs(text, steps)
     for step in (0, STEPS):  # val_before_train, then trainer.test_freq (= the last step)
         m = steps[step]
         for env in ENVS:
@@ -113,3 +117,19 @@ def _check_readable_rollouts(root: Path, steps: dict[int, dict[str, float]]) -> 
     assert f"gym/{lookup}/result/set_overlap" in last and not [k for k in last if k.startswith(f"gym/{choice}/result/")]
     # forced_token_min_logprob (on in this config) drops the tokens toy_lookup's grammar forced, none of toy_choice's
     assert last[f"gym/{lookup}/forced_token_rate"] > 0.2 and last[f"gym/{choice}/forced_token_rate"] == 0.0
+
+
+def _guard_falls_back_on_renormalised_logprobs(text: str, steps: dict[int, dict[str, float]]) -> None:
+    """``nemo_gym.trusted_logprobs`` on a config whose rollout log-probs are renormalised: toy_lookup's tool-call
+    grammar (vLLM structured output) renormalises the log-probs of the tokens it leaves a choice over (the ones it
+    forces are out of the loss, ``forced_token_min_logprob``, and out of the gap). The guard's first check (step 1)
+    finds toy_lookup's trained tokens far past its bounds and falls back: step 2 recomputes too, with the gap reported
+    as without the guard."""
+    first, second = steps[1], steps[2]
+    assert first["onpolicy/guard/within"] == 0.0 and first["onpolicy/trusted"] == 0.0, first
+    assert first["onpolicy/guard/mean_abs_diff"] > 1e-2, first["onpolicy/guard/mean_abs_diff"]
+    assert "past the bound (nemo_gym.trusted_logprobs.max_mean_abs_diff" in text
+    assert "recomputing the old log-probs on every step from now on" in text
+    assert second["onpolicy/trusted"] == 0.0 and math.isfinite(second["onpolicy/logprob_abs_diff_mean"]), second
+    assert math.isfinite(second["actor/entropy"]), second  # the recompute pass ran
+    assert "log-prob guard (recomputing every step), step 2" in text

@@ -170,6 +170,9 @@ def test_grpo_steps_then_an_all_masked_step_on_cpu_with_gym_metrics_and_no_orpha
         # log-probs well above float32 noise (measured: 1.3e-5 on the probe; the step-1 probe was identical to 15
         # digits across separate runs, so an unsynced engine reads the same value twice).
         f"actor_rollout_ref.actor.optim.lr={LR}",
+        # The guard checks every 2nd step here: step 1 checks, step 2 is trusted, the all-masked step 3 is a scheduled
+        # check with nothing to measure (so verl's recompute and rollout-correction steps run on it, below).
+        "nemo_gym.trusted_logprobs.check_every=2",
     )
 
     steps = _parse_steps(text)
@@ -183,16 +186,25 @@ def test_grpo_steps_then_an_all_masked_step_on_cpu_with_gym_metrics_and_no_orpha
             "gym/all/masked_rate/non_contiguous",
             "gym/all/contiguity_rate",
             "gym/timing/generate_sequences_s",
-            "onpolicy/logprob_abs_diff_mean",
-            "onpolicy/kl_k3",
-            "rollout_corr/k3_kl",
+            "onpolicy/rollout_nll_mean",
             "actor/pg_loss",
         ):
             assert key in m and math.isfinite(m[key]), (step, key, sorted(m))
         assert m["gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every row back
-        assert m["onpolicy/num_tokens"] > 0
         assert math.isfinite(m["gym/engine/probe_logprob_mean"]), (step, sorted(m))
-        assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
+        # nemo_gym.trusted_logprobs (on in the CPU configs): step 1 recomputes and the guard measures the gap; step 2
+        # trains on the rollout's log-probs as the old ones (verl's bypass_mode switched for that step: no recompute,
+        # so no gap, no actor/entropy and no rollout_corr/*, as in verl's own bypass).
+        if step == 1:
+            assert m["onpolicy/trusted"] == 0.0 and m["onpolicy/guard/within"] == 1.0, m
+            assert m["onpolicy/num_tokens"] > 0
+            assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
+            for key in ("onpolicy/kl_k3", "rollout_corr/k3_kl", "actor/entropy"):
+                assert math.isfinite(m[key]), (key, sorted(m))
+        else:
+            assert m["onpolicy/trusted"] == 1.0, m
+            gone = [k for k in m if k.startswith(("onpolicy/logprob_", "rollout_corr/", "actor/entropy"))]
+            assert not gone, gone
     # The engine's log-probability of a fixed prompt, read before each step's rollouts: step 2 sees the weights
     # verl synced after step 1's update (AdamW changes them even with zero advantages), step 1 the initial ones.
     # With no sync the engine keeps its weights and the probe stays put (to float32 noise).
@@ -204,14 +216,15 @@ def test_grpo_steps_then_an_all_masked_step_on_cpu_with_gym_metrics_and_no_orpha
     # (recipe.nemo_gym.rollout_correction) reports its metrics as NaN instead, like onpolicy/*.
     m = steps[STEPS + 1]
     assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
-    assert m["onpolicy/num_tokens"] == 0
+    assert m["onpolicy/num_tokens"] == 0 and m["onpolicy/trusted"] == 0.0 and m["onpolicy/guard/num_tokens"] == 0
+    assert "log-prob guard, step 3: no trained token of a fresh sample to measure" in text
     for key in ("onpolicy/logprob_abs_diff_mean", "onpolicy/kl_k3", "rollout_corr/kl", "rollout_corr/k3_kl"):
         assert key in m and math.isnan(m[key]), (key, sorted(m))
     print(
         f"engine probe logprob per step: {probes}; recipe: {wall:.0f}s wall; per step "
         + ", ".join(
             f"{s}: gen {m['timing_s/gen']:.1f}s step {m['timing_s/step']:.1f}s "
-            f"gap {m['onpolicy/logprob_abs_diff_mean']:.1e} k3 {m['onpolicy/kl_k3']:.1e}"
+            f"gap {m.get('onpolicy/logprob_abs_diff_mean', math.nan):.1e} trusted {m['onpolicy/trusted']:.0f}"
             for s, m in sorted(steps.items())
             if s <= STEPS
         )

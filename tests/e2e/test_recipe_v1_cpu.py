@@ -61,13 +61,11 @@ def test_grpo_steps_then_an_all_masked_step_on_v1_with_plain_gym_metrics_and_no_
             "gym/all/contiguity_rate",
             "gym/timing/rollout_s",
             "gym/engine/probe_logprob_mean",
-            "onpolicy/logprob_abs_diff_mean",
-            "onpolicy/kl_k3",
+            "onpolicy/rollout_nll_mean",
             "actor/pg_loss",
         ):
             assert key in m and math.isfinite(m[key]), (step, key, sorted(m))
-        assert m["onpolicy/num_tokens"] > 0
-        assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
+        _trusted_logprobs_step(step, m)
         # verl computes these from our min/max_global_steps tags: generated under weight version step - 1, in one go.
         assert m["training/off_policy/trajectory_staleness/max"] == 0, (step, m)
         assert m["training/off_policy/trajectory_staleness_worst/max"] == 0, (step, m)
@@ -79,12 +77,16 @@ def test_grpo_steps_then_an_all_masked_step_on_v1_with_plain_gym_metrics_and_no_
     # trajectories" error) and the step trains on nothing.
     m = steps[STEPS + 1]
     assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
-    assert m["onpolicy/num_tokens"] == 0 and math.isnan(m["onpolicy/logprob_abs_diff_mean"])
+    # nemo_gym.trusted_logprobs: a trusted step (check_every 10) recomputes nothing, so no gap is reported; the
+    # sampler-side entropy estimate has no trained token to average
+    assert m["onpolicy/trusted"] == 1.0 and "onpolicy/num_tokens" not in m, m
+    assert math.isnan(m["onpolicy/rollout_nll_mean"]), m
     print(
         f"v1 engine probe per step: {probes}; recipe: {wall:.0f}s wall; per step "
         + ", ".join(
             f"{s}: gen {m['timing_s/gen']:.1f}s step {m['timing_s/step']:.1f}s rollout {m['gym/timing/rollout_s']:.1f}s "
-            f"put {m['gym/timing/tq_put_s']:.3f}s gap {m['onpolicy/logprob_abs_diff_mean']:.1e}"
+            f"put {m['gym/timing/tq_put_s']:.3f}s old log-probs {m['timing_s/old_log_prob']:.2f}s "
+            f"gap {m.get('onpolicy/logprob_abs_diff_mean', math.nan):.1e} trusted {m['onpolicy/trusted']:.0f}"
             for s, m in sorted(steps.items())
             if s <= STEPS
         )
@@ -100,6 +102,21 @@ def test_grpo_steps_then_an_all_masked_step_on_v1_with_plain_gym_metrics_and_no_
     assert not (tmp_path / "gym" / "gym_warm.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
+
+
+def _trusted_logprobs_step(step: int, m: dict[str, float]) -> None:
+    """``nemo_gym.trusted_logprobs`` (on in the CPU configs, ``check_every`` 10): step 1 recomputes the old log-probs and
+    the guard measures the gap (float32-small: within its bounds); step 2 uses the rollout's log-probs as the old
+    ones, so nothing recomputed them: no gap, no ``actor/entropy`` (verl computes it in that pass)."""
+    if step == 1:
+        assert m["onpolicy/trusted"] == 0.0 and m["onpolicy/guard/within"] == 1.0, m
+        assert m["onpolicy/num_tokens"] > 0 and m["onpolicy/guard/num_tokens"] == m["onpolicy/num_tokens"]
+        assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
+        assert math.isfinite(m["onpolicy/kl_k3"]) and math.isfinite(m["actor/entropy"])
+    else:
+        assert m["onpolicy/trusted"] == 1.0, m
+        gone = [k for k in m if k.startswith(("onpolicy/logprob_", "onpolicy/guard/", "actor/entropy"))]
+        assert not gone, gone
 
 
 # verl's async v1 modes on the README demo: (steps, overrides). separate_async serves rollouts from a standalone
