@@ -1,7 +1,7 @@
 """The tool model's learning rows: Gym 0.7.0's stock ``example_multi_step`` task, with prompts short enough to train on
 two CPU cores (Gym ships 5 example rows whose system prompt lists ~150 synonyms, ~2,300 tokens).
 
-    python scripts/make_synonym_rows.py [--out configs/data] [--train 256] [--val 64] [--seed 2025] [--terms 6]
+    python scripts/make_synonym_rows.py [--out configs/data] [--train 256] [--val 64] [--seed 2025] [--terms 3] [--target-synonyms 1,2]
 
 writes ``synonyms_train.jsonl`` and ``synonyms_val.jsonl`` (committed; ``tests/unit/data/test_synonym_rows.py``
 regenerates them and compares bytes, so they are never hand-edited). Each row is ``example_multi_step``'s own format:
@@ -30,6 +30,11 @@ SYSTEM = (
     "# Instructions\nYou are an extraction agent. Use the tools to find the values of the synonyms of the term the "
     "user's question is about: call get_synonym_value once for each of that term's synonyms, in the order they are "
     "listed below, then call extract_synonym_values with the values in that order. Only that term's synonyms count."
+    # A worked example (a term no row uses): without it the 0.5B model solved none of 16 sampled rollouts (it looked
+    # up the term itself, repeated calls, or reported synonyms instead of their values).
+    "\n\n# Example\nIf the question were about something tall and the list said \"The term 'Tall' has a synonym "
+    "'High'.\", you would call get_synonym_value with {\"synonym\": \"High\"}, read the number it returns (say 400), "
+    "call extract_synonym_values with {\"synonym_values\": [400]}, and then answer in one short sentence."
     "\n\n# Available synonyms\n"
 )
 # term -> (synonyms, questions about it)
@@ -95,14 +100,14 @@ TOOLS = [
 ]
 
 
-def row(rng: random.Random, index: int, n_terms: int) -> dict:
+def row(rng: random.Random, index: int, n_terms: int, target_synonyms: tuple[int, ...] = (1, 2)) -> dict:
     terms = rng.sample(sorted(TERMS), n_terms)
     target = terms[0]
     question = rng.choice(TERMS[target][1])
     lines = []
     for term in terms:
-        # the target keeps 1-2 synonyms (so its calls are few), the others 1-2 as distractors
-        for synonym in rng.sample(TERMS[term][0], rng.choice((1, 2))):
+        # the target keeps `target_synonyms` synonyms (so its calls are few), the others 1-2 as distractors
+        for synonym in rng.sample(TERMS[term][0], rng.choice(target_synonyms if term == target else (1, 2))):
             lines.append((term, synonym))
     rng.shuffle(lines)
     expected = [s for t, s in lines if t == target]
@@ -122,12 +127,14 @@ def row(rng: random.Random, index: int, n_terms: int) -> dict:
     }
 
 
-def make(n_train: int, n_val: int, seed: int, n_terms: int) -> tuple[list[dict], list[dict]]:
+def make(
+    n_train: int, n_val: int, seed: int, n_terms: int, target_synonyms: tuple[int, ...] = (1, 2)
+) -> tuple[list[dict], list[dict]]:
     rng = random.Random(seed)
     seen: set[str] = set()
     out: list[dict] = []
     while len(out) < n_val + n_train:
-        r = row(rng, len(out), n_terms)
+        r = row(rng, len(out), n_terms, target_synonyms)
         key = json.dumps(r["responses_create_params"]["input"], sort_keys=True)
         if key not in seen:
             seen.add(key)
@@ -146,8 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val", type=int, default=64)
     p.add_argument("--seed", type=int, default=2025)
     p.add_argument("--terms", type=int, default=3, help="terms listed in each row's prompt (the first is asked)")
+    p.add_argument(
+        "--target-synonyms",
+        default="1,2",
+        help="how many synonyms the asked term has, drawn from this comma-separated list per row",
+    )
     args = p.parse_args(argv)
-    train, val = make(args.train, args.val, args.seed, args.terms)
+    counts = tuple(int(n) for n in args.target_synonyms.split(","))
+    if not counts or min(counts) < 1 or max(counts) > 3:
+        p.error(f"--target-synonyms {args.target_synonyms!r}: counts between 1 and 3 (each term has 3 synonyms)")
+    train, val = make(args.train, args.val, args.seed, args.terms, counts)
     args.out.mkdir(parents=True, exist_ok=True)
     write(train, args.out / TRAIN_FILE)
     write(val, args.out / VAL_FILE)
