@@ -33,10 +33,13 @@ SYSTEM = (
     # A worked example (a term no row uses): without it the 0.5B model solved none of 16 sampled rollouts (it looked
     # up the term itself, repeated calls, or reported synonyms instead of their values).
     "\n\n# Example\nIf the question were about something tall and the list said \"The term 'Tall' has a synonym "
-    "'High'.\", you would call get_synonym_value with {\"synonym\": \"High\"}, read the number it returns (say 400), "
-    "call extract_synonym_values with {\"synonym_values\": [400]}, and then answer in one short sentence."
+    '\'High\'.", you would call get_synonym_value with {"synonym": "High"}, read the number it returns (say 400), '
+    'call extract_synonym_values with {"synonym_values": [400]}, and then answer in one short sentence. Never answer '
+    "the question itself before the tools have been called: your first reply is a get_synonym_value call."
     "\n\n# Available synonyms\n"
 )
+# Greedy, the model answered the bare question in prose and called no tool (0 of 32 rows with the instructions alone).
+ASK = "{} Use the tools: look up the values of the synonyms of the term this question is about."
 # term -> (synonyms, questions about it)
 TERMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Hot": (("Blazing", "Warm", "Scorching"), ("Why are deserts so hot at noon?", "How do I cool down on a hot day?")),
@@ -115,7 +118,10 @@ def row(rng: random.Random, index: int, n_terms: int, target_synonyms: tuple[int
     return {
         "id": index,
         "responses_create_params": {
-            "input": [{"role": "system", "content": SYSTEM + listing}, {"role": "user", "content": question}],
+            "input": [
+                {"role": "system", "content": SYSTEM + listing},
+                {"role": "user", "content": ASK.format(question)},
+            ],
             "tools": TOOLS,
             "parallel_tool_calls": False,
         },
