@@ -1,7 +1,7 @@
 """The tool model's learning rows: Gym 0.7.0's stock ``example_multi_step`` task, with prompts short enough to train on
 two CPU cores (Gym ships 5 example rows whose system prompt lists ~150 synonyms, ~2,300 tokens).
 
-    python scripts/make_synonym_rows.py [--out configs/data] [--train 256] [--val 64] [--seed 2025] [--terms 3] [--target-synonyms 1,2]
+    python scripts/make_synonym_rows.py [--out configs/data] [--train 256] [--val 32] [--seed 2025] [--terms 3] [--target-synonyms 1,2]
 
 writes ``synonyms_train.jsonl`` and ``synonyms_val.jsonl`` (committed; ``tests/unit/data/test_synonym_rows.py``
 regenerates them and compares bytes, so they are never hand-edited). Each row is ``example_multi_step``'s own format:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "data")
     p.add_argument("--train", type=int, default=256)
-    p.add_argument("--val", type=int, default=64)
+    p.add_argument("--val", type=int, default=32)
     p.add_argument("--seed", type=int, default=2025)
     p.add_argument("--terms", type=int, default=3, help="terms listed in each row's prompt (the first is asked)")
     p.add_argument(
