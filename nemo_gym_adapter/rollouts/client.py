@@ -43,6 +43,7 @@ from nemo_gym_adapter.gym.liveness import StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.progress import RolloutProgress
 from nemo_gym_adapter.rollouts.gym_errors import GymErrorOrigin, gym_error_origin
+from nemo_gym_adapter.rollouts.sampling import request_params
 
 logger = logging.getLogger(__name__)
 
@@ -127,14 +128,12 @@ def apply_overrides(row: Mapping[str, Any], agent: str, overrides: Mapping[str, 
     """The request body for one row: a copy with ``agent_ref`` stamped and ``responses_create_params`` overridden.
 
     The input row is never mutated (verl reuses its rows; the older recipe's in-place edits leaked between
-    steps). ``None`` override values are skipped, so a trainer can pass ``top_p=None`` to mean "row's own".
+    steps). ``None`` override values are skipped, so a trainer can pass ``top_p=None`` to mean "row's own";
+    ``max_output_tokens`` caps the row's own and engine fields join its ``metadata.extra_body``
+    (:func:`~nemo_gym_adapter.rollouts.sampling.request_params`).
     """
     body = dict(row)
-    params = dict(row.get("responses_create_params") or {})
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            params[key] = value
-    body["responses_create_params"] = params
+    body["responses_create_params"] = request_params(row.get("responses_create_params"), overrides)
     # Gym's collector stamps the resolved agent too, so results carry it whatever the row routed by.
     body["agent_ref"] = {"name": agent}
     return body
@@ -170,6 +169,7 @@ class RolloutClient:
         self.routes = routes
         self.config = config or RolloutClientConfig()
         self._session: aiohttp.ClientSession | None = None
+        self.resends = 0  # sends after a connection error, since the client was made (rows that were sent again)
 
     @classmethod
     async def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> RolloutClient:
@@ -287,6 +287,7 @@ class RolloutClient:
             except aiohttp.ClientError as e:  # anything aiohttp raises that is neither transport nor timeout
                 result = RolloutFailure(CLIENT_ERROR, f"row {index}: {route.server} ({route.run_url}): {e!r}")
             latency = time.monotonic() - t0
+            self.resends += max(0, attempts[0] - 1)
         ids = tuple(rollout_ids)
         if isinstance(result, RolloutFailure):
             return RolloutOutcome(index, agent, route.server, latency, attempts[0], failure=result, rollout_ids=ids)
