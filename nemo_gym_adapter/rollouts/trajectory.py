@@ -80,6 +80,9 @@ class MaskReason(str, enum.Enum):
     NON_CONTIGUOUS = "non_contiguous"  # a prompt does not extend the previous prompt + generation
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt > prompt_length, or no response budget left under max_model_len
     EMPTY_GENERATION = "empty_generation"  # no sampled token to train on
+    # A valid result lacks a reward component the trainer reads (a GDPO key, the group filter's metric): never
+    # borrowed from a group-mate nor read as 0 (rollouts.reward_components).
+    MISSING_REWARD_COMPONENT = "missing_reward_component"
 
 
 # The rollout client's RolloutFailure.reason codes that are not plain request failures.

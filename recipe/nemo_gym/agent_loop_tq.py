@@ -79,6 +79,7 @@ from nemo_gym_adapter.rollouts.groups import masked_fill
 from nemo_gym_adapter.rollouts.metrics import compute_metrics
 from nemo_gym_adapter.rollouts.samples import sample_tensors
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
+from nemo_gym_adapter.wire import reward_components
 from recipe.nemo_gym.manager_base import GymManagerBase, server_weight_version
 from recipe.nemo_gym.outcomes import GroupLedger, sample_extras
 
@@ -152,6 +153,8 @@ def sample_record(
             "gym_reward": trajectory.gym_reward,
             "gym_masked_reason": trajectory.masked_reason.value if trajectory.masked_reason else "",
             "gym_truncated": trajectory.truncated,
+            # its own, masked or not (recipe.nemo_gym.gdpo: what its environment returns)
+            "gym_reward_components": reward_components(trajectory.numeric),
         },
     }
     if reward_extra_info is not None:
