@@ -11,14 +11,13 @@ v1 trainer of verl 0.9.1 alone fails on its first step). Checked from the consol
 the components' sum and no result broke that (``reward_components_sum_mismatch_rate`` 0, nothing incomplete); the
 loss and advantages are finite. That GDPO's numbers are the legacy trainer's on the same batch, bit for bit, is
 ``tests/unit/recipe/test_gdpo.py``; the legacy trainer's run of the same command (``trainer.use_v1=false``) is
-here too, in the slow tier (``NGV_SLOW_TESTS=1``; CI runs the v1 one). No process is left behind. Lean (CI budget):
+here too, in the slow tier (``pytest --slow``; CI runs the v1 one). No process is left behind. Lean (CI budget):
 4 rows x 4 samples, 2 steps, no validation.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -39,9 +38,6 @@ ENV = "toy_multireward_simple_agent"
 KEYS = ("correctness", "schema_valid", "format")
 STEPS = 2
 BATCH, N = 4, 4
-
-
-SLOW = pytest.mark.skipif(not os.environ.get("NGV_SLOW_TESTS"), reason="set NGV_SLOW_TESTS=1 (not in CI)")
 
 
 def _run_gdpo(tmp_path, *trainer: str) -> tuple[dict[int, dict[str, float]], str, float]:
@@ -108,7 +104,7 @@ def test_gdpo_on_gym_reward_components_on_the_v1_trainer(tmp_path, reaped_childr
     _nothing_left(tmp_path, reaped_children)
 
 
-@SLOW
+@pytest.mark.slow  # the same command on the legacy trainer; the v1 launch above is CI's
 def test_gdpo_on_gym_reward_components_on_the_legacy_trainer(tmp_path, reaped_children):  # noqa: F811
     steps, _, wall = _run_gdpo(tmp_path, LEGACY)
     _check_gdpo_steps(steps, wall, "legacy")
