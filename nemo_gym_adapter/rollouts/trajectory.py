@@ -85,6 +85,9 @@ class TrajectoryConfig:
     # Sampled tokens whose rollout log-prob is >= this are left out of the loss (rollouts.forced): tokens constrained
     # decoding forced. None: every sampled token is trained.
     forced_token_min_logprob: float | None = None
+    # Reward components the trainer reads (GDPO's keys, a component used as the group filter's metric): a result
+    # without one is masked missing_reward_component, never given a group-mate's value or 0 (rollouts.reward_components).
+    required_components: tuple[str, ...] = ()
     key_prefix: str = "trajectory"
 
     def verifier_error_policy(self, env_name: str) -> VerifierErrorPolicy:

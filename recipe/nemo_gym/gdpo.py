@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from nemo_gym_adapter.recipe_checks import GDPO
 from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.recipe_checks import GDPO
 from nemo_gym_adapter.rollouts.groups import OUTCOME_KEY
 from nemo_gym_adapter.rollouts.trajectory import MaskReason
 from recipe.nemo_gym import masked_estimators

@@ -55,6 +55,7 @@ def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> Trajec
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
         verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
         forced_token_min_logprob=recipe.gym.trajectory.forced_token_min_logprob,
+        required_components=recipe.required_reward_components,
         key_prefix="nemo_gym.trajectory",
     )
 

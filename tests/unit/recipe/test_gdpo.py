@@ -187,7 +187,20 @@ def v1_advantages(monkeypatch, trajs, uids, cfg, with_mixin=True) -> tuple[list[
 
 @pytest.fixture(autouse=True)
 def installed():
-    gdpo.install()  # what the v1 task runner does, after masked_estimators.install()
+    """What the v1 task runner does (masked_estimators.install(), then gdpo.install()), undone afterwards: other
+    tests compare with verl's own estimators."""
+    from verl.trainer.ppo import core_algos
+
+    registry = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
+    direct = core_algos.compute_grpo_outcome_advantage
+    had = core_algos.__dict__.get("__ngv_exclude_masked_installed__")
+    assert gdpo.install() and not gdpo.install()  # once per process
+    yield
+    core_algos.ADV_ESTIMATOR_REGISTRY.clear()
+    core_algos.ADV_ESTIMATOR_REGISTRY.update(registry)
+    core_algos.compute_grpo_outcome_advantage = direct
+    if had is None:
+        core_algos.__dict__.pop("__ngv_exclude_masked_installed__", None)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
