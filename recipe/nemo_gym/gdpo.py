@@ -34,7 +34,6 @@ Same samples in the same order: the same advantages as the legacy trainer, bit f
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -179,19 +178,14 @@ def with_components(fn: Any) -> Any:
     Idempotent."""
     if getattr(fn, _WRAPPED, False):
         return fn
-    positional = [
-        p.name
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
+    named = masked_estimators.as_keywords(fn)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         payload = COMPONENTS.get()
         if payload is None:
             return fn(*args, **kwargs)
-        if args:
-            kwargs = {**dict(zip(positional, args, strict=False)), **kwargs}
+        kwargs = named(args, kwargs)
         mask = kwargs["response_mask"]
         rows, length = mask.shape
         if rows != payload.rows:

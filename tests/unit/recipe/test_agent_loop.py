@@ -20,6 +20,7 @@ from nemo_gym_adapter.rollouts.outcome import trajectories_from_outcome
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY, NemoGymAgentLoopManager
 from tests.support.gym_results import E0, G0, G1, P0, PAD, FakeFailure, FakeOutcome, handmade_multiturn
+from tests.support.verl_estimators import restored_estimators
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -110,17 +111,8 @@ def verl_legacy_advantages(prompts: Any, out: Any) -> torch.Tensor:
 
 @pytest.fixture(autouse=True)
 def pristine_verl():
-    from verl.trainer.ppo import core_algos
-
-    registry = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
-    direct = core_algos.compute_grpo_outcome_advantage
-    had = core_algos.__dict__.get("__ngv_exclude_masked_installed__")
-    yield
-    core_algos.ADV_ESTIMATOR_REGISTRY.clear()
-    core_algos.ADV_ESTIMATOR_REGISTRY.update(registry)
-    core_algos.compute_grpo_outcome_advantage = direct
-    if had is None:
-        core_algos.__dict__.pop("__ngv_exclude_masked_installed__", None)
+    with restored_estimators():
+        yield
 
 
 def test_gym_components_reach_verls_legacy_gdpo_and_a_sample_missing_one_is_masked_not_filled():

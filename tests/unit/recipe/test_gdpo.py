@@ -29,6 +29,7 @@ from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
 from recipe.nemo_gym import gdpo
 from recipe.nemo_gym.agent_loop_tq import sample_record
 from recipe.nemo_gym.outcomes import legacy_extras, masked_fill, sample_extras
+from tests.support.verl_estimators import restored_estimators
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -189,18 +190,9 @@ def v1_advantages(monkeypatch, trajs, uids, cfg, with_mixin=True) -> tuple[list[
 def installed():
     """What the v1 task runner does (masked_estimators.install(), then gdpo.install()), undone afterwards: other
     tests compare with verl's own estimators."""
-    from verl.trainer.ppo import core_algos
-
-    registry = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
-    direct = core_algos.compute_grpo_outcome_advantage
-    had = core_algos.__dict__.get("__ngv_exclude_masked_installed__")
-    assert gdpo.install() and not gdpo.install()  # once per process
-    yield
-    core_algos.ADV_ESTIMATOR_REGISTRY.clear()
-    core_algos.ADV_ESTIMATOR_REGISTRY.update(registry)
-    core_algos.compute_grpo_outcome_advantage = direct
-    if had is None:
-        core_algos.__dict__.pop("__ngv_exclude_masked_installed__", None)
+    with restored_estimators():
+        assert gdpo.install() and not gdpo.install()  # once per process
+        yield
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
