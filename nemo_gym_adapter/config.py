@@ -29,6 +29,7 @@ in the README's keys table.
       env: {}                        # extra environment for Gym's processes
       patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
+      partial_rollouts: true         # a turn a weight sync aborted resumes from its tokens (false: 503, regenerated)
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null,
                max_body_mb: 128}       # max_body_mb: the largest /run body read (rollouts.transport)
       trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null}
@@ -38,6 +39,8 @@ in the README's keys table.
       liveness: {interval_s: 1, probe_timeout_s: 3, busy_grace_s: 120, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
       rollout_dump: {dir: null, enable: true, validation: true, max_text_chars: 4000, queue_size: 4096}
                                      # readable rollouts (rollouts.dump); dir null: <trainer.rollout_data_dir>/gym
+      trusted_logprobs: {enable: false, check_every: 10, max_mean_abs_diff: 1.0e-4, max_abs_diff: 1.0e-2,
+                         on_exceed: recompute}   # rollout log-probs as the old ones, guarded (recipe logprob_guard)
 
 The rules that span our section and verl's keys (estimators, GDPO, group filtering, the engine) are
 :mod:`nemo_gym_adapter.recipe_checks`; the whole config is read by :mod:`nemo_gym_adapter.recipe_config`.
@@ -124,6 +127,18 @@ class RolloutDumpSection(_Section):
     queue_size: int = Field(4096, ge=1, description="rows waiting for the writer; a full queue drops rows (counted)")
 
 
+class TrustedLogprobsSection(_Section):
+    """``nemo_gym.trusted_logprobs``: the rollout's log-probs as PPO's old ones (verl's ``bypass_mode``, switched per
+    step), vouched for by a guard that recomputes on the first step and every ``check_every`` steps and falls back (or
+    stops) when the gap passes a bound (``recipe.nemo_gym.logprob_guard``)."""
+
+    enable: bool = False
+    check_every: int = Field(10, ge=0, description="a recompute every N steps after the first; 0: the first only")
+    max_mean_abs_diff: float = Field(1e-4, gt=0, description="bound on mean |rollout - actor| per trained token")
+    max_abs_diff: float = Field(1e-2, gt=0, description="bound on the largest |rollout - actor| of a trained token")
+    on_exceed: Literal["recompute", "fail"] = "recompute"
+
+
 RAY_HEAD_MODES = ("early", "gym")  # nemo_gym.ray_head values that are not a host:port
 
 
@@ -161,6 +176,9 @@ class NemoGymConfig(_Section):
     # system/user/tool messages are always refused): keep_ids -- the ids win, as Gym documents message-level ids as
     # the single source of truth -- or refuse (HTTP 400 naming the message; decodes every earlier generation).
     assistant_edits: Literal["keep_ids", "refuse"] = "keep_ids"
+    # A turn a weight sync aborted (verl's async trainer modes) is resumed inside the patched server from the tokens
+    # it had (vllm.resume); false: answered 503 and regenerated whole by Gym's retry, as before.
+    partial_rollouts: bool = True
     client: ClientSection = Field(default_factory=ClientSection)
     trajectory: TrajectorySection = Field(default_factory=TrajectorySection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
@@ -187,6 +205,7 @@ class NemoGymConfig(_Section):
     on_server_down: Literal["mask", "restart", "fail"] = "restart"
     liveness: LivenessSection = Field(default_factory=LivenessSection)
     rollout_dump: RolloutDumpSection = Field(default_factory=RolloutDumpSection)
+    trusted_logprobs: TrustedLogprobsSection = Field(default_factory=TrustedLogprobsSection)
 
     @field_validator("config_overrides")
     @classmethod

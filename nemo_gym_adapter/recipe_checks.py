@@ -125,3 +125,14 @@ def filter_groups_metric(enabled: Any, metric: Any, v1: bool, problems: list[str
             "rm_scores, where a masked sample counts as a real 0"
         )
     return str(metric) if metric else None
+
+
+def check_trusted_logprobs(enabled: bool, verl_bypass: Any, problems: list[str]) -> None:
+    """``nemo_gym.trusted_logprobs.enable`` with verl's own ``bypass_mode: true``: verl would never recompute, so the
+    guard (``recipe.nemo_gym.logprob_guard``, which switches that key per step) could not check anything."""
+    if enabled and verl_bypass:
+        problems.append(
+            "algorithm.rollout_correction.bypass_mode=true with nemo_gym.trusted_logprobs.enable=true: verl's bypass "
+            "never recomputes the old log-probs, so the guard could not check them; set bypass_mode=false (the guard "
+            "switches it per step) or nemo_gym.trusted_logprobs.enable=false"
+        )

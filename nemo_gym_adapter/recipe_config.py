@@ -156,6 +156,11 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         v1,
         problems,
     )
+    recipe_checks.check_trusted_logprobs(
+        gym is not None and gym.trusted_logprobs.enable,
+        _select(cfg, "algorithm.rollout_correction.bypass_mode", False),
+        problems,
+    )
     custom_path = _select(cfg, "data.custom_cls.path", None)
     need(
         "data.custom_cls.path",

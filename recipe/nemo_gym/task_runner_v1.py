@@ -12,7 +12,7 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    ``separate_async``) with :class:`NemoGymTrainerMixin` in front (:func:`nemo_gym_trainer_cls`):
    - on CPU (``trainer.device=cpu``) the actor role runs ``cpu.platform.CpuActorRolloutRefWorker`` (gloo);
    - ``onpolicy/*`` (rollout-vs-actor logprob gap, :func:`recipe.nemo_gym.task_runner.logprob_gap_metrics`) after
-     verl computed ``old_log_probs``;
+     verl computed ``old_log_probs``, or the rollout's as those where :mod:`recipe.nemo_gym.logprob_guard` trusts them;
    - the rollout manager's metrics (``drain_metrics``: ``gym/...``) go into each step's metric dict under their own
      names: verl's v1 trainer has no channel for rollout-manager metrics (verl PR #7255, open);
    - verl's rollout-correction step is guarded against a step in which every sample is masked
@@ -56,7 +56,14 @@ from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
-from recipe.nemo_gym import advantage, gdpo, masked_estimators, rollout_correction, storage  # advantage: masked_grpo
+from recipe.nemo_gym import (  # advantage registers masked_grpo
+    advantage,
+    gdpo,
+    logprob_guard,
+    masked_estimators,
+    rollout_correction,
+    storage,
+)
 from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -71,6 +78,7 @@ class NemoGymTrainerMixin:
     agent_loop_manager: Any
     train_dataset: Any
     train_dataloader: Any
+    global_steps: int
 
     def _init_resource_pool_mgr(self) -> None:
         super()._init_resource_pool_mgr()  # type: ignore[misc]
@@ -165,19 +173,23 @@ class NemoGymTrainerMixin:
         return super().fit(agent_loop_manager)  # type: ignore[misc]
 
     def _compute_old_log_prob(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        fresh = logprob_guard.fresh_rows(batch.tags, self.global_steps)  # samples of the actor's current weights
+        trusted = logprob_guard.begin_step(self, self.global_steps, logprob_guard.all_fresh(batch.tags, fresh))
         batch = super()._compute_old_log_prob(batch, metrics)  # type: ignore[misc]
         import transfer_queue as tq
 
         fields = ["old_log_probs", "rollout_log_probs", "response_mask", "rm_scores"]
         try:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        except Exception as e:  # bypass mode or no rollout logprobs: nothing to compare
+        except Exception as e:  # no rollout logprobs: nothing to compare
             logger.debug("no onpolicy/* metrics this step: %r", e)
             return batch
         padded = data.to_padded_tensor()
-        metrics.update(
-            logprob_gap_metrics(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
-        )
+        old = None if trusted else padded["old_log_probs"]  # a trusted step's are the rollout's own
+        rollout, mask = padded["rollout_log_probs"], padded["response_mask"]
+        if old is not None:
+            metrics.update(logprob_gap_metrics(old, rollout, mask))
+        metrics.update(logprob_guard.finish_step(self, self.global_steps, old, rollout, mask, fresh))
         # The groups this step learns from: with verl's group filter on, none without signal (rollouts.groups).
         uids = [key.split("_")[0] for key in batch.keys]
         valid = (padded["response_mask"].sum(dim=-1) > 0).tolist()
