@@ -12,7 +12,7 @@ becomes a :class:`RolloutFailure` record and the batch goes on. Every input row 
 returned with the others in input order. A hook that raises fails the whole call: the rows still in flight are
 cancelled and awaited (no orphan tasks), then the hook's exception propagates.
 
-A result that echoes another row's verifier fields (``wire.other_row_fields``: Gym's resources servers return the
+A result that echoes another row's verifier fields (``row_echo.other_row_fields``: Gym's resources servers return the
 request's fields as they got them) is a ``wrong_row`` failure, never trained as this row's reward.
 
 The records live in :mod:`~nemo_gym_adapter.rollouts.records`, the HTTP side in :mod:`~nemo_gym_adapter.rollouts.transport`;
@@ -59,7 +59,7 @@ from nemo_gym_adapter.rollouts.transport import (
     post_with_retries,
     within,
 )
-from nemo_gym_adapter.wire import other_row_fields
+from nemo_gym_adapter.row_echo import other_row_fields
 
 logger = logging.getLogger(__name__)
 

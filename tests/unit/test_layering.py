@@ -31,6 +31,7 @@ PLUMBING = {
     "policy",
     "server_actors",
     "wire",
+    "row_echo",
     "tool_calls",
 }
 RANK = {
