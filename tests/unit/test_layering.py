@@ -20,6 +20,7 @@ PLUMBING = {
     "config",
     "recipe_config",
     "recipe_checks",
+    "recipe_sampling",
     "console",
     "errors",
     "paths",

@@ -1,7 +1,7 @@
 """The trusted-log-prob guard's decisions (``recipe.nemo_gym.logprob_guard``): which steps recompute, what a measured
-gap decides, which tokens and samples it is measured on, and the one write into verl's config. The trainers' real
-calls run in tests/e2e (v1, legacy and SmolLM2 e2e: trusted after step 1; the multi-environment e2e, whose grammar
-renormalises log-probs: fallback)."""
+gap decides, which tokens and samples it is measured on, and the one write into verl's config. verl's real v1 branch
+under the mixin: test_logprob_guard_verl.py. The e2e assertions of trusted steps in full launches (v1, legacy,
+SmolLM2; the multi-environment fallback) are on branch speed-guard-on until they have run under the heavy lock."""
 
 from __future__ import annotations
 
