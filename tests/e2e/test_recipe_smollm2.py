@@ -18,10 +18,7 @@ from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe
 
 reaped_children = legacy.reaped_children
-# Slow tier: the tool model's e2e (tests/e2e/test_recipe_tool_model.py) is the default tier's real-model launch (a
-# converted GGUF checkpoint, a real model's weight sync and float32 gap, the probe moving) and adds the multi-turn tool
-# calls; this one keeps the single-turn math_with_judge path and SmolLM2's 113 MB embedding through the sync.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.e2e
 
 ENV = "math_with_judge_simple_agent"
 STEPS = 2

@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+import psutil
 import pytest
 
 from nemo_gym_adapter.demo_models.converter import build_demo_model
@@ -26,10 +27,19 @@ from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides
 
 reaped_children = legacy.reaped_children
-# The default tier's real-model launch (SmolLM2's math e2e went to the slow tier: this one runs the same real-model
-# path -- a converted GGUF checkpoint, verl's weight sync of a real model, the float32 gap -- and the multi-turn tool
-# calls the patch exists for). LoRA merged before each sync keeps the run inside a 24 GiB node.
-pytestmark = pytest.mark.e2e
+# The slow tier, and only on a node with more than 24 GiB: with LoRA r32 merged before each sync (the shipped config)
+# the trainer's start fits 24 GiB, but the first weight sync took the node past Ray's 95% memory line (19:31, the
+# actor worker 6.6 GB and the float32 vLLM engine core ~6 GB, with ~2 GB of other processes on the machine) and Ray
+# killed the replica (docs/BENCHMARKS.md, "The tool model"). SmolLM2's e2e stays the default tier's real-model launch.
+NEEDS_GIB = 30
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        psutil.virtual_memory().total < NEEDS_GIB * 2**30,
+        reason=f"needs a node with >= {NEEDS_GIB} GiB (the 0.5B tool model's trainer beside its float32 vLLM)",
+    ),
+]
 
 CONFIG = "nemo_gym_cpu_qwen_tools"
 ENV = "example_multi_step_simple_agent"
