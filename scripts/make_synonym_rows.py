@@ -30,12 +30,14 @@ SYSTEM = (
     "# Instructions\nYou are an extraction agent. Use the tools to find the values of the synonyms of the term the "
     "user's question is about: call get_synonym_value once for each of that term's synonyms, in the order they are "
     "listed below, then call extract_synonym_values with the values in that order. Only that term's synonyms count."
-    # A worked example (a term no row uses): without it the 0.5B model solved none of 16 sampled rollouts (it looked
-    # up the term itself, repeated calls, or reported synonyms instead of their values).
+    # A worked example (a term no row uses), without a number: with "(say 400)" in it the model, greedy on 64 held-out
+    # rows, began 30 with a runaway report of invented values (400, 500, ...) and 27 with a lookup, then looped on
+    # lookups to max_steps: reward 0 everywhere. Without any example it answered in prose (0 of 32 called a tool).
     "\n\n# Example\nIf the question were about something tall and the list said \"The term 'Tall' has a synonym "
-    '\'High\'.", you would call get_synonym_value with {"synonym": "High"}, read the number it returns (say 400), '
-    'call extract_synonym_values with {"synonym_values": [400]}, and then answer in one short sentence. Never answer '
-    "the question itself before the tools have been called: your first reply is a get_synonym_value call."
+    '\'High\'.", you would first call get_synonym_value with {"synonym": "High"}; it answers with that synonym\'s '
+    "value, a number. Then you would call extract_synonym_values with a list holding that number, and then answer in "
+    "one short sentence. Never answer the question itself, and never report a value the tool has not given you: your "
+    "first reply is a get_synonym_value call."
     "\n\n# Available synonyms\n"
 )
 # Greedy, the model answered the bare question in prose and called no tool (0 of 32 rows with the instructions alone).
