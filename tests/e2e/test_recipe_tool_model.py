@@ -28,9 +28,9 @@ from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_ove
 
 reaped_children = legacy.reaped_children
 # The slow tier, and only on a node with more than 24 GiB: with LoRA r32 merged before each sync (the shipped config)
-# the trainer's start fits 24 GiB, but the first weight sync took the node past Ray's 95% memory line (19:31, the
-# actor worker 6.6 GB and the float32 vLLM engine core ~6 GB, with ~2 GB of other processes on the machine) and Ray
-# killed the replica (docs/BENCHMARKS.md, "The tool model"). SmolLM2's e2e stays the default tier's real-model launch.
+# and nothing else on the machine, the first update (the actor worker at 8.0 GB) took the node past Ray's 95% memory
+# line beside the float32 vLLM engine core (~6 GB) and Ray killed the replica (docs/BENCHMARKS.md, "The tool model").
+# SmolLM2's e2e stays the default tier's real-model launch.
 NEEDS_GIB = 30
 pytestmark = [
     pytest.mark.e2e,
