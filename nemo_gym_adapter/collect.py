@@ -8,8 +8,9 @@
     python -m nemo_gym_adapter.collect --gym-head-url http://127.0.0.1:11000 --data eval.jsonl   # a running Gym
 
 The policy is a checkpoint (``--model``; default: the demo's tiny model) served here by vLLM with the token-ID patch
-(``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags), or any OpenAI-compatible server
-(``--policy-base-url``). Gym is started here with the bundled environments (``--env NAME``: the config that declares
+(``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags) on loopback, requiring a key generated
+for this run on every route (``nemo_gym_adapter.access``; Gym's model server gets it through its environment), or any
+OpenAI-compatible server (``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is started here with the bundled environments (``--env NAME``: the config that declares
 its ``data/example.jsonl`` for an agent, as Gym links rows to agents: ``gym.catalogue``) and/or your configs
 (``--config-path``) in front of that policy, or attached to (``--gym-head-url``: that Gym's own policy). Rows: ``--data``
 JSONL files (rows without ``agent_ref``/``task_source`` go to ``--agent``, else to the one ``--env``'s agent) or each
@@ -135,20 +136,29 @@ def row_files(args: argparse.Namespace, bundled: Sequence[Any], out_dir: Path) -
 
 def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]) -> Any:
     """A Gym started here with --env/--config-path in front of the policy (served here unless --policy-base-url)."""
+    from pydantic import SecretStr
+
+    from nemo_gym_adapter.access import key as access_key
     from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
     from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.policy import read_model_card
 
     configs = [env.config for env in bundled]
     base_url, name = args.policy_base_url, args.model_name
+    key: SecretStr | None
     if base_url is None:
         from nemo_gym_adapter.vllm.server import start_vllm_server
 
         model = args.model or _demo_model()
         name = name or Path(model).name
+        key = access_key.generate().value  # only this process and the Gym it starts know it
         print(f"starting vLLM (token-ID patch) with {model} ...", file=sys.stderr)
-        base_url = stack.enter_context(start_vllm_server(model, name, extra_args=args.vllm_arg)).base_url
-    name = name or read_model_card({base_url: "--policy-base-url"}).name
+        server = stack.enter_context(start_vllm_server(model, name, extra_args=args.vllm_arg, api_key=key))
+        base_url = server.base_url
+    else:
+        chosen = access_key.from_env()
+        key = chosen.value if chosen is not None else None
+    name = name or read_model_card({base_url: "--policy-base-url"}, api_key=key).name
     # A random model that calls a tool would otherwise loop until its context is full.
     agents = [env.agent for env in bundled if env.agent_impl == "simple_agent"]
     max_steps = {"responses_api_agents": {"simple_agent": {"max_steps": args.max_steps}}}
@@ -156,6 +166,7 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]
         config_paths=[*configs, *args.config_path, TRAINING_MODEL_CONFIG],
         policy_base_url=[base_url],
         policy_model_name=name,
+        **({"policy_api_key": key} if key is not None else {}),
         config_overrides={agent: max_steps for agent in agents},
         startup_timeout_s=args.startup_timeout,
         # Own Ray temp dir: a stale /tmp/ray/ray_current_cluster (left by a dead `ray start`) would make Gym's

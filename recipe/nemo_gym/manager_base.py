@@ -9,9 +9,12 @@ once, at creation:
 
 1. find the replicas behind ``llm_client``: their "ip:port" from verl's load balancer, their Ray actor handles by
    verl's actor names, matched through each server's own ``get_server_address`` (:func:`find_replicas`);
-2. apply the engine's token-ID patch inside each server actor and check every report (:func:`patch_replicas`);
-3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``), the tokenizer's
-   pad id and the engine probe's token ids;
+2. apply the engine's token-ID patch inside each server actor and check every report (:func:`patch_replicas`); with
+   ``nemo_gym.access.require_key`` (the default) the access guard with the run's rollout key too, and check that every
+   replica refuses a request without it (:func:`guard_replicas`; ``nemo_gym_adapter.access``: the key comes from the
+   driver through Ray, and the vLLM plugin already put the guard in place before the replica answered anything);
+3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``, with the key), the
+   tokenizer's pad id and the engine probe's token ids;
 4. start NeMo Gym with the replicas as its policy (:func:`gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
    launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright.
    With ``nemo_gym.ray_head: early`` (the default) Gym joins a Ray head from Gym's venv
@@ -40,6 +43,8 @@ import ray
 from verl.utils.ray_utils import auto_await
 
 from nemo_gym_adapter import reaper
+from nemo_gym_adapter.access.guard import install_on_actors
+from nemo_gym_adapter.access.key import RunKey, rollout_key
 from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
 from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym.addresses import (
@@ -99,6 +104,8 @@ class GymManagerBase:
         self.replica_endpoints: list[ReplicaEndpoint] = []  # per replica, in verl's order
         self.replica_handles: dict[str, Any] = {}  # server actor name -> Ray actor handle
         self.patch_reports: list[Any] = []  # per replica actor (the engine's PatchReport)
+        self.run_key: RunKey | None = None  # the run's rollout key (nemo_gym.access.require_key), never logged
+        self.guard_reports: list[Any] = []  # per replica actor (access.guard.GuardReport)
         self.gym_host: HostChoice | None = None  # where a Gym we start listens, and why
         self.served_model_name: str | None = None
         self.max_model_len: int | None = self.recipe.max_model_len
@@ -127,6 +134,7 @@ class GymManagerBase:
     def start(self) -> None:
         """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
         t0 = time.perf_counter()
+        self.run_key = rollout_key(self.recipe.gym)  # before the warm launcher: Gym's environment holds it
         self.ray_head = self._claim_ray_head()  # first: it comes up while the replicas are found and patched
         self.warm = self._claim_warm()  # next: it imports meanwhile
         self.replica_endpoints, handles = find_replicas(self.llm_client, self.engine)
@@ -134,8 +142,10 @@ class GymManagerBase:
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
         if self.recipe.gym.patch_vllm:
             self.patch_reports = patch_replicas(handles, self.engine, self.recipe.gym.assistant_edits)
+        if self.run_key is not None:
+            self.guard_reports = guard_replicas(handles, self.replica_endpoints, self.run_key)
         t1 = time.perf_counter()
-        card = read_model_card(self.replicas)
+        card = read_model_card(self.replicas, api_key=self.api_key)
         self.served_model_name = card.name
         self.max_model_len = effective_max_model_len(self.recipe.max_model_len, card.max_model_len)
         tokenizer = load_tokenizer(self.model_config)
@@ -152,11 +162,18 @@ class GymManagerBase:
             trajectory,
             client_config(self.recipe.gym),
             success_threshold=self.recipe.gym.metrics.success_threshold,
-            liveness=Liveness.for_gym(self.gym, liveness_config(self.recipe.gym)),
+            liveness=Liveness.for_gym(
+                self.gym, liveness_config(self.recipe.gym), self.run_key.header if self.run_key else None
+            ),
         )
         self.setup_seconds = {"find_and_patch_s": t1 - t0, "gym_start_s": t2 - t1, "total_s": time.perf_counter() - t0}
         atexit.register(self.shutdown)
         logger.info("NeMo Gym manager ready in %.1fs: replicas %s, Gym %s", t2 - t0, list(self.replicas), self.gym)
+
+    @property
+    def api_key(self) -> Any:
+        """What this manager's own requests to the replicas carry (the run key's ``SecretStr``), None without one."""
+        return self.run_key.value if self.run_key is not None else None
 
     def _claim_ray_head(self) -> GymRayHead | None:
         """The Ray head Gym will join (``nemo_gym.ray_head: early``, a Gym we start): the one the task runner started
@@ -193,7 +210,7 @@ class GymManagerBase:
         node_ip = ray.util.get_node_ip_address()
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
         logger.info("Gym listens on %s: %s", self.gym_host.host, self.gym_host.reason)
-        spec = gym_launch_spec(gym, urls, model_name, host=self.gym_host.host)
+        spec = gym_launch_spec(gym, urls, model_name, host=self.gym_host.host, api_key=self.api_key)
         started = GymServers.start(spec, ray_head=self.ray_head, warm=self.warm)
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
@@ -248,7 +265,9 @@ class GymManagerBase:
         if not self.replicas or self.served_model_name is None:
             return {}
         address = next(iter(self.replicas))
-        probe = probe_logprob(address, self.served_model_name, self.probe_ids, api=self.engine.probe_api)
+        probe = probe_logprob(
+            address, self.served_model_name, self.probe_ids, api=self.engine.probe_api, api_key=self.api_key
+        )
         metrics = {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
         if self.recipe.gym.patch_vllm and self.replica_handles:
             # Chat completions the engine aborted (async weight syncs) that the guard sent back to Gym for a retry.
@@ -348,9 +367,38 @@ def patch_replicas(
     return reports
 
 
-def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, host: str) -> GymLaunchSpec:
+def guard_replicas(handles: Mapping[str, Any], endpoints: Sequence[ReplicaEndpoint], key: RunKey) -> list[Any]:
+    """The access guard with the run's ``key`` inside every server actor (``access.guard.install_on_actors``; a no-op
+    change where the vLLM plugin already installed it), then the proof: each replica must refuse ``GET /v1/models``
+    without the key (401) -- a ``ServerError`` naming the replica otherwise. The key is never logged."""
+    import urllib.error
+    import urllib.request
+
+    reports = install_on_actors(handles, key.value.get_secret_value())
+    for ep in endpoints:
+        url = f"{ep.url}/models"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        except OSError as e:
+            raise ServerError(f"rollout replica {ep.address} ({ep.actor}): GET {url} failed: {e}") from e
+        if status != 401:
+            raise ServerError(
+                f"rollout replica {ep.address} ({ep.actor}) answered {status} to a request without the run's rollout "
+                "key: the access guard is not in place (nemo_gym.access.require_key)"
+            )
+    logger.info("rollout replicas %s refuse requests without the run's key (%s)", [ep.address for ep in endpoints], key)
+    return reports
+
+
+def gym_launch_spec(
+    gym: NemoGymConfig, urls: list[str], model_name: str, *, host: str, api_key: Any = None
+) -> GymLaunchSpec:
     """The Gym to start for the ``nemo_gym:`` section, listening on ``host`` (``addresses.choose_gym_host``), with
-    the replicas at ``urls`` (``http://ip:port/v1``) as its policy."""
+    the replicas at ``urls`` (``http://ip:port/v1``) as its policy; ``api_key``: what Gym's model server sends them
+    (the run's rollout key), else ``nemo_gym.policy_api_key``."""
     config_paths = list(gym.config_paths)
     if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
         config_paths.append(TRAINING_MODEL_CONFIG)
@@ -366,7 +414,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
             "config_paths": config_paths,
             "policy_base_url": urls,
             "policy_model_name": model_name,
-            "policy_api_key": gym.policy_api_key.get_secret_value(),
+            "policy_api_key": api_key if api_key is not None else gym.policy_api_key,
             "host": host,
             "config_overrides": gym.config_overrides,
             "hydra_overrides": gym.hydra_overrides,

@@ -10,6 +10,10 @@ places one CPU vLLM replica on each rank's node. Then:
   Gym on loopback (nothing on another host calls it) and runs multi-turn rollouts through both replicas;
 - attach mode: Gym runs as a service on host 3 (``nemo_gym_adapter.gym.service``, listening on host 3's address
   because host 1 attaches), the manager attaches with ``nemo_gym.head_url`` and runs the same rollouts;
+- who listens where, per host (``ss -ltnp`` in each namespace, our processes only): Gym's servers and Gym's Ray on
+  loopback, each replica's HTTP port on its own host's address and refusing requests without the run's rollout key
+  (``NGV_ROLLOUT_API_KEY``, given to the trainer and to the Gym service alike), and nothing else beyond the Ray
+  ports docs/CLUSTER.md lists;
 - teardown leaves no process of ours on any host and no namespace or link.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -75,7 +80,12 @@ def bed():
 
     if ray.is_initialized():
         pytest.fail("a Ray cluster is already up in this process; this module needs the bed's")
+    from nemo_gym_adapter.access.key import ENV
+
     mode = os.environ.get("NGV_MULTIHOST_MODE", "auto")  # "loopback": the fallback, where namespaces cannot be made
+    # The run's rollout key, chosen (attach mode needs one both sides know): the trainer and the Gym service read it.
+    previous = os.environ.get(ENV)
+    os.environ[ENV] = "multihost-" + secrets.token_urlsafe(24)
     bed = MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}, mode=mode).start()
     try:
         yield bed
@@ -83,6 +93,10 @@ def bed():
         if ray.is_initialized():
             ray.shutdown()
         bed.close()
+        if previous is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = previous
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +221,7 @@ def test_start_mode_replicas_on_their_own_hosts_patched_and_gym_on_loopback(bed,
         assert manager.gym.spec.ray_head_node_address == manager.ray_head.address
         # ... and Gym's launch ran in the warm launcher started next to it (nemo_gym.warm_launcher, the default)
         assert manager.gym.warm, manager.warm
+        _check_listeners(bed, manager)
         rollout_s = _rollouts(cfg, manager)
         print(f"start mode: manager {manager.setup_seconds}, rollouts {rollout_s:.1f}s")
         gym_pids = manager.gym.pids() | manager.ray_head.pids()
@@ -249,6 +264,55 @@ def test_teardown_leaves_nothing_on_any_host(bed, verl_rollout):
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [h.netns for h in bed.hosts if h.netns and h.netns in names]
     print(f"bed timings {bed.timings}")
+
+
+def _ours(bed, host) -> set[int]:
+    """Our pids on ``host``: what the bed started there (in a namespace: everything in it), on host 1 also this
+    process (the driver) and everything it started (Gym, Gym's Ray head)."""
+    import psutil
+
+    pids = bed.processes_on(host)
+    if host.index == 1:
+        pids |= {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
+    return pids
+
+
+def _check_listeners(bed, manager) -> None:
+    """Who listens where (module docstring): printed per host, then checked against docs/CLUSTER.md's table."""
+    import urllib.error
+    import urllib.request
+
+    import psutil
+
+    from tests.support.listeners import listeners, table
+
+    seen = {h.name: listeners(h.netns, _ours(bed, h)) for h in bed.hosts}
+    for host in bed.hosts:
+        print(f"listeners on {host.name} ({host.address}):\n{table(seen[host.name])}")
+    if bed.mode != "netns":
+        return  # loopback mode: one namespace, every "host" on 127.77.0.x
+    head = bed.hosts[0].name
+    # Gym's servers and its Ray head (every process Gym's launcher or head started): loopback only.
+    gym_side = set(manager.gym.pids()) | set(manager.ray_head.pids())
+    for pid in list(gym_side):
+        try:
+            gym_side |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+    exposed = [item for item in seen[head] if item.pid in gym_side and item.scope != "loopback"]
+    assert not exposed, exposed
+    assert any(item.pid in gym_side for item in seen[head])  # the control: Gym's listeners were found
+    # Each replica's HTTP port: its own host's address, never every interface; a request without the key: 401.
+    for ep in manager.replica_endpoints:
+        host = next(h for h in bed.hosts if h.address == ep.host)
+        held = [item for item in seen[host.name] if item.port == ep.port]
+        assert held and {item.host for item in held} == {ep.host}, held
+        try:
+            urllib.request.urlopen(f"http://{ep.address}/health", timeout=30)
+            status = 200
+        except urllib.error.HTTPError as e:
+            status = e.code
+        assert status == 401, ep
 
 
 def _ready_line(proc, timeout: float) -> dict:

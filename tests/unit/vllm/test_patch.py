@@ -347,8 +347,15 @@ def test_find_anchor_cases():
     # No assistant message at all (NeMo RL's merged-tokens case): the required prefix alone, index -1.
     alone = find_anchor(FakeChatRequest(messages=plain[:1], required_prefix_token_ids=[5]), plain[:1])
     assert (alone.index, alone.model_prefix, alone.from_messages) == (-1, [5], False)
-    with pytest.raises(TokenAlignmentError, match="required_prefix_token_ids must be"):
+    with pytest.raises(TokenAlignmentError, match=r"required_prefix_token_ids\[0\] must be .*'x' \(str\)"):
         find_anchor(FakeChatRequest(messages=plain, required_prefix_token_ids=["x"]), plain)
+    with pytest.raises(TokenAlignmentError, match="required_prefix_token_ids must be a list of token ids, got str"):
+        find_anchor(FakeChatRequest(messages=plain, required_prefix_token_ids="5 6"), plain)
+    # With the engine's vocabulary: an id past it is named, in a message and in the required prefix.
+    with pytest.raises(TokenAlignmentError, match=r"messages\[1\]\.generation_token_ids\[0\] = 2 is out of vocab"):
+        find_anchor(FakeChatRequest(messages=with_ids), with_ids, 2)
+    with pytest.raises(TokenAlignmentError, match=r"required_prefix_token_ids\[1\] = 6 is out of vocabulary"):
+        find_anchor(required, plain, 6)
 
 
 # ------------------------------------------------------------------------------------------ the wrapper, live
