@@ -177,6 +177,7 @@ def make_wrapper(original: Any) -> Any:
         except TokenAlignmentError as e:
             raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
         budget = OutputBudget(request)
+        budget.check()
         if anchor is None and budget.requested is None:  # nothing to splice or clamp (/tokenize): stock vLLM
             return await original(self, request, messages, *render_args, parser, skip_mm_cache=skip_mm_cache)
 

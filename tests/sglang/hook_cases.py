@@ -320,3 +320,65 @@ def test_concurrent_requests_each_get_their_own_history(servers, patched):
         assert r.json()["prompt_token_ids"][: len(history)] == history
     engine_prompts = sorted(tuple(c.input_ids) for c in server.scheduler.calls[-len(cases) :])
     assert engine_prompts == sorted(tuple(r.json()["prompt_token_ids"]) for r in answers)
+
+
+# ----------------------------------------------------------------------------- issue 27: hostile ids, access
+
+VOCAB = 3007  # the tiny qwen25 model's vocabulary (config.json and tokenizer agree)
+
+
+@pytest.mark.parametrize(
+    ("where", "bad", "fragment"),
+    [
+        ("generation_token_ids", [5, VOCAB], f"generation_token_ids[1] = {VOCAB} is out of vocabulary"),
+        ("generation_token_ids", [5, -3], "generation_token_ids[1] must be a non-negative int token id, got -3"),
+        ("generation_token_ids", [True, True], "generation_token_ids[0] must be a non-negative int token id, got True"),
+        ("prompt_token_ids", [5, 6.0], "prompt_token_ids[1] must be a non-negative int token id, got 6.0 (float)"),
+        ("prompt_token_ids", [5, 2**63], f"prompt_token_ids[1] = {2**63} is out of vocabulary"),
+        ("required_prefix_token_ids", [1, 10**9], "required_prefix_token_ids[1] = 1000000000 is out of vocabulary"),
+    ],
+)
+def test_hostile_ids_are_one_400_on_chat_and_tokenize_alike(servers, patched, where, bad, fragment):
+    """The vLLM hook's id check, shared (``tokens.anchor``): chat and ``/tokenize`` answer the same 400 naming the
+    message, field and element, and the scheduler never sees the request (issue 27)."""
+    server = servers("qwen25")
+    ids = {"prompt_token_ids": [1, 2], "generation_token_ids": [3]}
+    body: dict = {}
+    if where == "required_prefix_token_ids":
+        body[where] = bad
+    else:
+        ids[where] = bad
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", **ids}]
+    messages.append({"role": "user", "content": "x"})
+    calls = len(server.scheduler.calls)
+    for path, extra in (("/v1/chat/completions", {"max_tokens": 4}), ("/tokenize", {})):
+        r = server.post(path, {"messages": messages, **body, **extra})
+        assert r.status_code == 400, (path, r.text)
+        assert "nemo-gym-verl token splice" in r.text and fragment in r.text, (path, r.text)
+    assert len(server.scheduler.calls) == calls
+
+
+def test_the_access_guard_refuses_every_route_of_sglangs_app_without_the_key(servers, patched):
+    """The guard on SGLang 0.5.12's real app served by verl's server: every route answers 401 without the run's key
+    (SGLang's own ``--api-key`` leaves ``/health*`` and ``/metrics`` open), the scheduler sees nothing; with the key
+    the routes answer; removed, the app is open again (the control)."""
+    from sglang.srt.entrypoints.http_server import app
+
+    from nemo_gym_adapter.access import guard
+
+    server = servers("qwen25")
+    paths = sorted({r.path for r in app.routes if hasattr(r, "path")})
+    assert {"/health", "/tokenize", "/v1/chat/completions", "/generate", "/update_weights_from_tensor"} <= set(paths)
+    calls = len(server.scheduler.calls)
+    guard.install_guard(["the-run-key"])
+    try:
+        opened = {
+            p: s for p in paths if (s := server.client.post(p.replace("{", "x").replace("}", "")).status_code) != 401
+        }
+        assert not opened, opened
+        assert server.client.get("/health", headers={"Authorization": "Bearer other"}).status_code == 401
+        assert len(server.scheduler.calls) == calls
+        assert server.client.get("/health", headers={"Authorization": "Bearer the-run-key"}).status_code == 200
+    finally:
+        guard.remove_guard()
+    assert server.client.get("/health").status_code == 200  # the control

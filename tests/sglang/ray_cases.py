@@ -104,3 +104,43 @@ def test_the_managers_patch_reaches_verls_sglang_server_actor_through_ray(ray_ac
     assert patched.json()["prompt_token_ids"] == engine_prompt
     assert patched.json()["choices"][0]["token_ids"] == ray.get(ray_actor.scheduler_outputs.remote())[-1]
     assert engine.aborted_turns(handles) == 0  # the manager's abort metric reads the actor
+
+
+def test_the_managers_access_guard_and_verls_own_sglang_client_with_the_run_key(ray_actor):
+    """The run's rollout key on verl's SGLang server through Ray (issue 27): the manager's ``guard_replicas`` installs
+    the guard in the actor and proves every request without the key gets a 401; verl's own HTTP client of SGLang
+    (``AsyncHttpServerAdapter``, what its ServerAdapter uses for weight sync) is refused too -- the control -- until
+    ``nemo_gym_adapter.sglang.verl_client`` gives it the key from Ray's KV."""
+    import asyncio
+
+    import aiohttp
+    import httpx
+    from verl.workers.rollout.sglang_rollout.http_server_engine import AsyncHttpServerAdapter
+
+    from nemo_gym_adapter.access import key as access_key
+    from recipe.nemo_gym.backends import ENGINES
+    from recipe.nemo_gym.manager_base import find_replicas, guard_replicas
+
+    key = access_key.generate()
+    access_key.publish(key)  # what the recipe's driver does right after ray.init
+    endpoints, handles = find_replicas(None, ENGINES["sglang"])
+    (report,) = guard_replicas(handles, endpoints, key)  # raises unless a request without the key gets 401
+    assert report.actor == ACTOR and report.keys == 1
+    address = endpoints[0].address
+    for path in ("/health", "/metrics", "/v1/models", "/flush_cache", "/update_weights_from_tensor"):
+        assert httpx.post(f"http://{address}{path}", timeout=60).status_code == 401, path
+    assert httpx.get(f"http://{address}/health", headers=key.header, timeout=60).status_code == 200
+
+    host, port = address.rsplit(":", 1)
+    adapter = AsyncHttpServerAdapter(
+        model_path=str(model_dir("qwen25")), host=host, port=int(port), launch_server=False, device="cpu"
+    )
+    with pytest.raises(aiohttp.ClientResponseError) as refused:  # verl's client sends no key of its own
+        asyncio.run(adapter._make_async_request("v1/models", method="GET"))
+    assert refused.value.status == 401
+    from nemo_gym_adapter.sglang import verl_client
+
+    verl_client.install()  # what VERL_USE_EXTERNAL_MODULES does in verl's workers (importing it installs)
+    models = asyncio.run(adapter._make_async_request("v1/models", method="GET"))
+    assert models["data"][0]["id"] == "tiny-qwen25"
+    assert adapter._make_request("v1/models", method="GET")["data"][0]["id"] == "tiny-qwen25"  # the sync path too

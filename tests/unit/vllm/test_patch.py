@@ -707,6 +707,17 @@ def test_launcher_takes_its_own_assistant_edits_flag_out_of_the_vllm_arguments()
             pop_assistant_edits(bad)
 
 
+def test_launcher_reads_the_keys_vllm_would_require_under_v1():
+    """The standalone server guards every route with these (vLLM's own precedence: --api-key, else VLLM_API_KEY)."""
+    from nemo_gym_adapter.vllm.server import api_keys
+
+    assert api_keys(["--model", "m"], {}) == []
+    assert api_keys(["--model", "m"], {"VLLM_API_KEY": "env"}) == ["env"]
+    assert api_keys(["--api-key", "a", "b", "--port", "1"], {"VLLM_API_KEY": "env"}) == ["a", "b"]
+    assert api_keys(["--api-key=a", "--api-key", "c"], {}) == ["c"]  # argparse: the last flag wins
+    assert api_keys(["--api-key="], {"VLLM_API_KEY": ""}) == []
+
+
 def test_launcher_reads_and_refuses_several_api_servers():
     from nemo_gym_adapter.errors import AdapterConfigError
     from nemo_gym_adapter.vllm.server import api_server_count, main
