@@ -43,8 +43,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runs from a checkout that is not installed
 
 from nemo_gym_adapter import paths  # noqa: E402
+from nemo_gym_adapter.rollouts.builder import build_trajectory  # noqa: E402
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
-from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig, build_trajectory  # noqa: E402
+from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig  # noqa: E402
 from nemo_gym_adapter.wire import parse_run_result  # noqa: E402
 
 PAD = 0

@@ -1,8 +1,11 @@
-"""The recipe's typed configuration: our ``nemo_gym:`` section plus the verl keys the adapter depends on.
+"""Our ``nemo_gym:`` section: every key, its default and its check (the one place a new key goes).
 
-Validated once, at start-up, before any heavy import (:func:`load_config`); every error names the full dotted key,
-the bad value and the fix, and all problems are reported together. Everything else reads attributes of the returned
-:class:`RecipeConfig` -- no ``cfg.get("key", default)`` chains elsewhere (STYLE.md §3).
+Validated once, at start-up, before any heavy import, together with the verl keys the adapter depends on
+(:func:`nemo_gym_adapter.recipe_config.load_config`); every error names the full dotted key, the bad value and the
+fix, and all problems are reported together. Everything else reads attributes of the returned
+:class:`NemoGymConfig` -- no ``cfg.get("key", default)`` chains elsewhere (STYLE.md §3). A new key: a field here
+(with its default and why), a line below, a row in ``configs/base/nemo_gym_recipe.yaml``, and, when users set it,
+in the README's keys table.
 
 ``nemo_gym:`` keys (defaults in :class:`NemoGymConfig`)::
 
@@ -32,12 +35,12 @@ the bad value and the fix, and all problems are reported together. Everything el
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
-      liveness: {interval_s: 1, probe_timeout_s: 3, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
+      liveness: {interval_s: 1, probe_timeout_s: 3, busy_grace_s: 120, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
       rollout_dump: {dir: null, enable: true, validation: true, max_text_chars: 4000, queue_size: 4096}
                                      # readable rollouts (rollouts.dump); dir null: <trainer.rollout_data_dir>/gym
 
-The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`recipe.nemo_gym.resolvers`;
-``${ngv_manager:<use_v1>}`` picks :data:`MANAGER_CLASS_V1` or :data:`MANAGER_CLASS`, the managers checked here.
+The rules that span our section and verl's keys (estimators, GDPO, group filtering, the engine) are
+:mod:`nemo_gym_adapter.recipe_checks`; the whole config is read by :mod:`nemo_gym_adapter.recipe_config`.
 """
 
 from __future__ import annotations
@@ -45,7 +48,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -53,29 +55,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from nemo_gym_adapter.errors import AdapterConfigError
 
 SECTION = "nemo_gym"
-MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NemoGymAgentLoopManager"  # legacy trainer (trainer.use_v1=False)
-MANAGER_CLASS_V1 = "recipe.nemo_gym.agent_loop_tq.NemoGymAgentLoopManagerTQ"  # v1 trainer (the default)
-DATASET_PATH = "pkg://nemo_gym_adapter.data.dataset"
-DATASET_NAME = "GymJsonlDataset"
-MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
-# verl's actor_rollout_ref.rollout.name values the token-ID patch supports (= recipe.nemo_gym.backends.ENGINES).
-ROLLOUT_ENGINES = ("vllm", "sglang")
-MASKABLE_ESTIMATORS = (
-    "grpo",
-    "grpo_vectorized",
-    "gdpo",
-    "grpo_passk",
-    "rloo",
-    "rloo_vectorized",
-    "opo",
-    "reinforce_plus_plus_baseline",
-    "gpg",
-)
-"""verl's outcome estimators whose masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group
-statistic; with ``masked_grpo``, the values ``algorithm.adv_estimator`` may take."""
-GDPO = "gdpo"
-SESSION_ESTIMATORS = (MASKED_GRPO, "grpo")
-"""The estimators that count a rollout split into several samples (``contiguity: split``) once in its group."""
 
 
 class _Section(BaseModel):
@@ -95,7 +74,7 @@ class ClientSection(_Section):
 class TrajectorySection(_Section):
     """``nemo_gym.trajectory``: how Gym results become token trajectories (``trajectory.TrajectoryConfig``)."""
 
-    # Model calls that do not form one history (trajectory.build_trajectories): mask the rollout, truncate it to the
+    # Model calls that do not form one history (rollouts.builder, rollouts.segments): mask the rollout, truncate it to the
     # contiguous calls, split it into prefix-consistent samples (v1 trainer only), or raise.
     contiguity: Literal["mask", "truncate", "split", "raise"] = "mask"
     mask_on_failure_kind: bool = False
@@ -285,79 +264,7 @@ class NemoGymConfig(_Section):
         return self
 
 
-class RecipeConfig(BaseModel):
-    """What the manager needs, read once from the whole (verl + ``nemo_gym``) config."""
-
-    model_config = ConfigDict(frozen=True)
-
-    gym: NemoGymConfig
-    prompt_length: int
-    response_length: int
-    max_model_len: int | None
-    temperature: float
-    top_p: float | None
-    val_temperature: float
-    val_top_p: float | None
-    n: int
-    model_path: str
-    rollout_data_dir: str | None = None  # verl's trainer.rollout_data_dir
-    filter_groups_metric: str | None = None  # algorithm.filter_groups.metric when group filtering is on
-    gdpo_reward_keys: list[str] = Field(default_factory=list)  # algorithm.gdpo_reward_keys
-    adv_estimator: str = MASKED_GRPO  # algorithm.adv_estimator
-
-    @property
-    def rollout_dump_dir(self) -> Path | None:
-        """Where readable rollouts go (``nemo_gym.rollout_dump``), or None when they are off."""
-        dump = self.gym.rollout_dump
-        if not dump.enable:
-            return None
-        if dump.dir is not None:
-            return Path(dump.dir).expanduser()
-        return Path(self.rollout_data_dir).expanduser() / "gym" if self.rollout_data_dir else None
-
-    rollout_name: str = "vllm"  # verl's actor_rollout_ref.rollout.name: the engine (ROLLOUT_ENGINES)
-
-
-# ---------------------------------------------------------------------------------------------------- reading
-
-
-_MISSING = object()
-
-
-def _select(cfg: Any, key: str, default: Any = _MISSING, *, resolve: bool = True) -> Any:
-    """``cfg.<dotted key>`` for an OmegaConf config or nested mappings; ``default`` (or ``_MISSING``) when absent.
-
-    ``resolve=False`` returns an interpolation's text instead of resolving it (e.g. ``${ngv_tiny_model:qwen25}``
-    would build a model, which config validation must not wait for).
-    """
-    node = cfg
-    *parents, leaf = key.split(".")
-    for part in parents:
-        node = _child(node, part)
-        if node is _MISSING or node is None:
-            return default
-    if not resolve and _is_interpolation(node, leaf):
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(node, resolve=False)[leaf]
-    node = _child(node, leaf)
-    return default if node is _MISSING else node
-
-
-def _child(node: Any, part: str) -> Any:
-    try:
-        return node[part] if part in node else _MISSING
-    except TypeError:
-        return _MISSING
-
-
-def _is_interpolation(node: Any, leaf: str) -> bool:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.is_config(node) and leaf in node and OmegaConf.is_interpolation(node, leaf)
-
-
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """OmegaConf containers → plain Python (resolved); anything else unchanged."""
     try:
         from omegaconf import OmegaConf
@@ -384,195 +291,6 @@ def _describe(e: ValidationError, prefix: str) -> list[str]:
 def parse_section(section: Mapping[str, Any] | None) -> NemoGymConfig:
     """Validate the ``nemo_gym:`` section alone (``None`` counts as empty). Errors name ``nemo_gym.<key>``."""
     try:
-        return NemoGymConfig.model_validate(dict(_plain(section) or {}))
+        return NemoGymConfig.model_validate(dict(plain(section) or {}))
     except ValidationError as e:
         raise AdapterConfigError("invalid recipe config:\n  " + "\n  ".join(_describe(e, SECTION))) from e
-
-
-def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
-    """Validate the whole config once: our section and the verl keys we depend on. Raises ``AdapterConfigError``
-    listing every problem (dotted key, bad value, fix). ``check_files``: also check that data files exist."""
-    problems: list[str] = []
-    try:
-        gym = parse_section(_select(cfg, SECTION, None))
-    except AdapterConfigError as e:
-        problems.extend(line.strip() for line in str(e).splitlines()[1:])
-        gym = None
-
-    def need(key: str, ok: bool, value: Any, fix: str) -> None:
-        if not ok:
-            problems.append(f"{key}={value!r}: {fix}")
-
-    use_v1 = _select(cfg, "trainer.use_v1", True)
-    need("trainer.use_v1", isinstance(use_v1, bool), use_v1, "must be true (verl's v1 trainer) or false (legacy)")
-    manager = _select(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", None)
-    v1 = use_v1 is not False
-    wanted, suffix = (MANAGER_CLASS_V1, "AgentLoopManagerTQ") if v1 else (MANAGER_CLASS, "AgentLoopManager")
-    need(
-        "actor_rollout_ref.rollout.agent.agent_loop_manager_class",
-        isinstance(manager, str) and manager.rsplit(".", 1)[-1].endswith(suffix),
-        manager,
-        f"with trainer.use_v1={use_v1} set it to {wanted} (or a subclass), or to ${{ngv_manager:${{trainer.use_v1}}}}",
-    )
-    if gym is not None and not v1 and gym.trajectory.contiguity == "split":
-        problems.append(
-            "nemo_gym.trajectory.contiguity='split': several samples per rollout need verl's v1 trainer (sessions "
-            "keyed {uid}_{session}_{i}); the legacy trainer's batch holds one sample per rollout. Set "
-            "trainer.use_v1=true, or nemo_gym.trajectory.contiguity to mask or truncate"
-        )
-    name = _select(cfg, "actor_rollout_ref.rollout.name", None)
-    need(
-        "actor_rollout_ref.rollout.name",
-        name in ROLLOUT_ENGINES,
-        name,
-        f"the token-ID patch supports {' and '.join(ROLLOUT_ENGINES)}; set one of them",
-    )
-    if name == "sglang":
-        problems.extend(_sglang_problems(cfg))
-    estimator = _select(cfg, "algorithm.adv_estimator", None)
-    need(
-        "algorithm.adv_estimator",
-        estimator == MASKED_GRPO or estimator in MASKABLE_ESTIMATORS,
-        estimator,
-        f"set {MASKED_GRPO} or one of verl's outcome estimators {', '.join(MASKABLE_ESTIMATORS)}: failed Gym rollouts "
-        "are masked rows, which those keep out of every group baseline (recipe.nemo_gym.masked_estimators)",
-    )
-    gdpo_keys = _gdpo_keys(cfg, estimator, v1, problems)
-    if gym is not None and v1 and gym.trajectory.contiguity == "split" and estimator not in SESSION_ESTIMATORS:
-        problems.append(
-            f"algorithm.adv_estimator={estimator!r} with nemo_gym.trajectory.contiguity='split': only "
-            f"{' and '.join(SESSION_ESTIMATORS)} count a rollout split into several samples once in its group (verl's "
-            f"v1 trainer hands every other estimator each segment as a group member); set {MASKED_GRPO}"
-        )
-    filter_metric = _filter_groups(cfg, v1, problems)
-    custom_path = _select(cfg, "data.custom_cls.path", None)
-    need(
-        "data.custom_cls.path",
-        bool(custom_path),
-        custom_path,
-        f"set {DATASET_PATH} (and data.custom_cls.name={DATASET_NAME}): rows must carry gym_row/gym_env",
-    )
-    ints = {}
-    for key in ("prompt_length", "response_length", "n"):
-        full = f"actor_rollout_ref.rollout.{key}"
-        value = _select(cfg, full, None)
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-        need(full, ok, value, "must be an integer >= 1")
-        ints[key] = value if ok else 1
-    max_model_len = _select(cfg, "actor_rollout_ref.rollout.max_model_len", None)
-    need(
-        "actor_rollout_ref.rollout.max_model_len",
-        max_model_len is None or (isinstance(max_model_len, int) and max_model_len >= 2),
-        max_model_len,
-        "must be null (the server's) or an integer >= 2",
-    )
-    sampling = {}
-    for key, full in (
-        ("temperature", "actor_rollout_ref.rollout.temperature"),
-        ("top_p", "actor_rollout_ref.rollout.top_p"),
-        ("val_temperature", "actor_rollout_ref.rollout.val_kwargs.temperature"),
-        ("val_top_p", "actor_rollout_ref.rollout.val_kwargs.top_p"),
-    ):
-        value = _select(cfg, full, None)
-        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
-        need(full, ok and (value is not None or "top_p" in key), value, "must be a number >= 0")
-        sampling[key] = float(value) if ok and value is not None else (None if "top_p" in key else 1.0)
-    model_path = _select(cfg, "actor_rollout_ref.model.path", None, resolve=False)
-    need("actor_rollout_ref.model.path", isinstance(model_path, str) and bool(model_path), model_path, "set a model")
-    if check_files:
-        for key in ("data.train_files", "data.val_files"):
-            files = _plain(_select(cfg, key, None))
-            files = [files] if isinstance(files, str) else list(files or [])
-            need(key, bool(files), files, "set one or more Gym JSONL files")
-            for i, f in enumerate(files):
-                if not Path(str(f)).expanduser().is_file():
-                    problems.append(f"{key}[{i}]={f!r}: no such file; point it at a Gym JSONL file")
-    if problems:
-        raise AdapterConfigError("invalid recipe config:\n  " + "\n  ".join(problems))
-    assert gym is not None  # no problems means the section parsed
-    return RecipeConfig(
-        gym=gym,
-        prompt_length=ints["prompt_length"],
-        response_length=ints["response_length"],
-        n=ints["n"],
-        max_model_len=max_model_len,
-        model_path=str(model_path),
-        rollout_data_dir=_rollout_data_dir(cfg),
-        filter_groups_metric=filter_metric,
-        gdpo_reward_keys=gdpo_keys,
-        adv_estimator=str(estimator),
-        rollout_name=str(name),
-        **sampling,
-    )
-
-
-OUTCOME_METRIC = "gym_outcome"  # = nemo_gym_adapter.rollouts.groups.OUTCOME_KEY (config imports no package)
-
-
-def _filter_groups(cfg: Any, v1: bool, problems: list[str]) -> str | None:
-    """``algorithm.filter_groups.metric`` when verl's group filter is on (None when off); problems appended."""
-    enabled = _select(cfg, "algorithm.filter_groups.enable", False)
-    if not enabled:
-        return None
-    if not v1:
-        problems.append(
-            "algorithm.filter_groups.enable=true: verl 0.9.1's legacy trainer has no group filtering (only its v1 "
-            "trainer's replay buffer filters groups); set trainer.use_v1=true or algorithm.filter_groups.enable=false"
-        )
-    metric = _select(cfg, "algorithm.filter_groups.metric", None)
-    if metric in (None, "", "reward"):
-        problems.append(
-            f"algorithm.filter_groups.metric={metric!r}: with Gym set {OUTCOME_METRIC} (Gym's verified reward of each "
-            "valid sample; masked samples never decide a group) or a reward component's name; 'reward' reads "
-            "rm_scores, where a masked sample counts as a real 0"
-        )
-    return str(metric) if metric else None
-
-
-def _gdpo_keys(cfg: Any, estimator: Any, v1: bool, problems: list[str]) -> list[str]:
-    """``algorithm.gdpo_reward_keys`` as strings; with ``algorithm.adv_estimator=gdpo`` problems appended: the v1
-    trainer (verl 0.9.1's ``trainer_base._compute_advantage`` hands the estimator no reward components) and an empty
-    list."""
-    raw = _plain(_select(cfg, "algorithm.gdpo_reward_keys", None))
-    keys = [raw] if isinstance(raw, str) else list(raw or [])
-    if estimator != GDPO:
-        return [str(k) for k in keys]
-    if v1:
-        problems.append(
-            f"algorithm.adv_estimator={GDPO!r} (algorithm.gdpo_reward_keys={[str(k) for k in keys]}): verl 0.9.1's v1 "
-            "trainer does not pass reward components to the estimator (trainer_base._compute_advantage fetches only "
-            "uid, response_mask, rm_scores, log-probs and values), so GDPO would fail or silently train on the summed "
-            "reward; set trainer.use_v1=false (the legacy trainer passes them) or use masked_grpo"
-        )
-    bad = [k for k in keys if not isinstance(k, str) or not k]
-    if not keys or bad:
-        problems.append(
-            f"algorithm.gdpo_reward_keys={keys!r}: GDPO needs a list of the environment's reward component names "
-            "(the keys of reward_components in its verify response, e.g. [correctness, format])"
-        )
-    return [str(k) for k in keys]
-
-
-def _rollout_data_dir(cfg: Any) -> str | None:
-    value = _select(cfg, "trainer.rollout_data_dir", None)
-    return str(value) if value else None
-
-
-def _sglang_problems(cfg: Any) -> list[str]:
-    """What ``actor_rollout_ref.rollout.name=sglang`` needs from verl's rollout keys (docs/SGLANG.md)."""
-    problems = []
-    key = "actor_rollout_ref.rollout.skip_tokenizer_init"
-    skip = _select(cfg, key, True)  # verl's default is True
-    if skip is not False:
-        problems.append(
-            f"{key}={skip!r}: must be false with rollout.name=sglang: without a tokenizer SGLang's OpenAI chat "
-            "endpoint (which Gym calls) answers 500 to every request"
-        )
-    key = "actor_rollout_ref.rollout.disaggregation.enabled"
-    disaggregated = _select(cfg, key, False)
-    if disaggregated:
-        problems.append(
-            f"{key}={disaggregated!r}: prefill/decode disaggregation is not supported with NeMo Gym (Gym calls each "
-            "replica's one OpenAI address; the token-ID patch is not applied to the decode servers); set false"
-        )
-    return problems

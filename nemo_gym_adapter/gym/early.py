@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_adapter import reaper
-from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.gym import ray_head, warm
 from nemo_gym_adapter.gym.ray_head import GymRayHead
+from nemo_gym_adapter.recipe_config import load_config
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ Agents that rewrite their context (Gym 0.7's LangGraph reflection agent, which s
 
 - the calls are grouped by :func:`~nemo_gym_adapter.rollouts.model_calls.prefix_segments` (in call order, a call
   joins the segment whose last call it extends, else starts a new one);
-- each segment is built like a whole rollout (:func:`~nemo_gym_adapter.rollouts.trajectory.build_trajectory` over the
+- each segment is built like a whole rollout (:func:`~nemo_gym_adapter.rollouts.builder.build_trajectory` over the
   result restricted to the segment's model calls: its own prompt, response and budgets), with the rollout's reward,
   ``segment``/``segments`` set, ``contiguity_failure`` True and the first break as ``detail``;
 - so every generated token is in exactly one segment's sampled spans, and a segment's prompt holds what it shares with
@@ -19,23 +19,18 @@ Rows masked for another reason (``mask_sample``, missing ids or log-probs, a fir
 stay one masked sample. The v1 manager puts the segments as ``{uid}_{session}_{i}`` and ``masked_grpo`` counts the
 session once (``recipe.nemo_gym.advantage``); the legacy trainer refuses ``split`` at start-up (``config``).
 
-Imported by :mod:`nemo_gym_adapter.rollouts.core` (and tests); imports :mod:`trajectory` and :mod:`model_calls`.
+Called by :mod:`nemo_gym_adapter.rollouts.outcome` with the result it parsed (and by tests); imports :mod:`builder`
+and :mod:`model_calls`.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from nemo_gym_adapter.rollouts.builder import build_trajectory
 from nemo_gym_adapter.rollouts.model_calls import prefix_segments
-from nemo_gym_adapter.rollouts.trajectory import (
-    MaskReason,
-    OutcomeLike,
-    Trajectory,
-    TrajectoryConfig,
-    build_trajectory,
-    trajectory_from_outcome,
-)
-from nemo_gym_adapter.wire import GymRunResult, parse_run_result
+from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory, TrajectoryConfig
+from nemo_gym_adapter.wire import GymRunResult
 
 
 def build_trajectories(
@@ -52,18 +47,6 @@ def build_trajectories(
     if config.contiguity != "split" or first.masked_reason is not MaskReason.NON_CONTIGUOUS:
         return (first,)
     return _split(result, first, env_name, config, row_index, latency_s)
-
-
-def trajectories_from_outcome(
-    outcome: OutcomeLike, *, env_name: str, config: TrajectoryConfig
-) -> tuple[Trajectory, ...]:
-    """The rollout client's outcome for one row → its trajectories (:func:`trajectory.trajectory_from_outcome`'s one;
-    under ``split``, the segments of a rollout it masked ``non_contiguous``)."""
-    first = trajectory_from_outcome(outcome, env_name=env_name, config=config)
-    if config.contiguity != "split" or first.masked_reason is not MaskReason.NON_CONTIGUOUS or outcome.result is None:
-        return (first,)
-    result = parse_run_result(outcome.result, where=f"row {outcome.index}: /run result")  # parsed before: it is valid
-    return _split(result, first, env_name, config, outcome.index, first.latency_s)
 
 
 def _split(

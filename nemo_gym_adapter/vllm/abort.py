@@ -34,7 +34,7 @@ Not guarded, because Gym never reaches them with a trainable turn:
   ``create_completion``, ``create_response``: ``openai_utils.py:1443-1471``, ``get_response_json``);
 - ``/v1/responses`` (``is_responses_native: true``, ``client.create_response`` at ``app.py:518``): ``_responses_native``
   raises ``NotImplementedError`` with ``return_token_id_information: true`` before the call (``app.py:500-501``),
-  and without token ids every row is masked ``missing_token_ids`` (``trajectory.build_trajectory``), never trained;
+  and without token ids every row is masked ``missing_token_ids`` (``rollouts.builder.build_trajectory``), never trained;
 - ``/tokenize`` (``app.py:1098``, ``:1346``: prompt ids): no generation, nothing to abort.
 
 The chat guard also hands a non-aborted answer and the last ``RequestOutput`` it watched to

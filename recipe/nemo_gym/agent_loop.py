@@ -35,13 +35,14 @@ import ray
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 
-from nemo_gym_adapter.config import GDPO
 from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.recipe_checks import GDPO
 from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RowResult
 from nemo_gym_adapter.rollouts.dump import SampleContext
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
-from recipe.nemo_gym.manager_base import GymManagerBase, server_weight_version
+from recipe.nemo_gym.manager_base import GymManagerBase
 from recipe.nemo_gym.outcomes import batch_group_metrics, check_gdpo_keys, legacy_extras
+from recipe.nemo_gym.replicas import server_weight_version
 
 GYM_METRICS_KEY = "nemo_gym_metrics"
 """``meta_info`` key of a training step's metrics (read and removed by ``task_runner.NemoGymPPOTrainer``)."""

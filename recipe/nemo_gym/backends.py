@@ -12,7 +12,7 @@ vllm       ``vllm_server_*``    :mod:`nemo_gym_adapter.vllm.patch`    ``/v1/comp
 sglang     ``sglang_server_*``  :mod:`nemo_gym_adapter.sglang.patch`  ``/generate`` ``logprob_start_len: 0``
 =========  ===================  ==================================  ==========================================
 
-Any other name fails at start-up naming the key (``nemo_gym_adapter.config.load_config``; :func:`engine_named` again
+Any other name fails at start-up naming the key (``nemo_gym_adapter.recipe_config.load_config``; :func:`engine_named` again
 here), never a silent unpatched run. :func:`check_engine_available` runs in the TaskRunner before verl builds workers
 and replicas -- the point the engine is needed -- and stops an SGLang run that cannot start there (no SGLang in this
 Python, an unsupported version, or the CPU backend, which serves vLLM only) with one message naming the key.
@@ -30,8 +30,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from nemo_gym_adapter.config import ROLLOUT_ENGINES
 from nemo_gym_adapter.errors import AdapterConfigError, SetupError
+from nemo_gym_adapter.recipe_checks import ROLLOUT_ENGINES
 from nemo_gym_adapter.server_actors import find_server_actors
 from nemo_gym_adapter.sglang import patch as sglang_patch
 from nemo_gym_adapter.vllm import patch as vllm_patch
@@ -66,7 +66,7 @@ ENGINES: dict[str, Engine] = {
     "vllm": Engine("vllm", "vLLM", vllm_patch.ACTOR_PREFIX, vllm_patch, probe_api="completions"),
     "sglang": Engine("sglang", "SGLang", sglang_patch.ACTOR_PREFIX, sglang_patch, probe_api="generate"),
 }
-assert tuple(ENGINES) == ROLLOUT_ENGINES, "nemo_gym_adapter.config.ROLLOUT_ENGINES names the same engines"
+assert tuple(ENGINES) == ROLLOUT_ENGINES, "nemo_gym_adapter.recipe_checks.ROLLOUT_ENGINES names the same engines"
 
 
 def engine_named(name: Any) -> Engine:

@@ -7,7 +7,7 @@
 The configs (``configs/``) compose verl's own ``ppo_trainer`` config with our ``nemo_gym:`` section; every verl key
 can be overridden as usual. The run, in order:
 
-1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.config``) and every data row
+1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.recipe_config``) and every data row
    (:func:`check_rows`), before any heavy import: a config or row error answers in about a second, naming the dotted
    key, the bad value and the fix, or ``file:line`` (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
@@ -47,8 +47,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nemo_gym_adapter import paths, reaper
 from nemo_gym_adapter.access import key as access_key
 from nemo_gym_adapter.access import listen
-from nemo_gym_adapter.config import RecipeConfig, load_config
 from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, SetupError
+from nemo_gym_adapter.recipe_config import RecipeConfig, load_config
 from recipe.nemo_gym.resolvers import register_resolvers
 
 logger = logging.getLogger(__name__)

@@ -8,14 +8,15 @@ verl creates a rollout manager from ``actor_rollout_ref.rollout.agent.agent_loop
 once, at creation:
 
 1. find the replicas behind ``llm_client``: their "ip:port" from verl's load balancer, their Ray actor handles by
-   verl's actor names, matched through each server's own ``get_server_address`` (:func:`find_replicas`);
-2. apply the engine's token-ID patch inside each server actor and check every report (:func:`patch_replicas`); with
-   ``nemo_gym.access.require_key`` (the default) the access guard with the run's rollout key too, and check that every
-   replica refuses a request without it (:func:`guard_replicas`; ``nemo_gym_adapter.access``: the key comes from the
-   driver through Ray, and the vLLM plugin already put the guard in place before the replica answered anything);
+   verl's actor names, matched through each server's own ``get_server_address`` (:func:`~recipe.nemo_gym.replicas.find_replicas`);
+2. apply the engine's token-ID patch inside each server actor and check every report (:func:`~recipe.nemo_gym.replicas.patch_replicas`);
+   with ``nemo_gym.access.require_key`` (the default) the access guard with the run's rollout key too, and check that
+   every replica refuses a request without it (:func:`~recipe.nemo_gym.replicas.guard_replicas`;
+   ``nemo_gym_adapter.access``: the key comes from the driver through Ray, and the vLLM plugin already put the guard
+   in place before the replica answered anything);
 3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``, with the key), the
    tokenizer's pad id and the engine probe's token ids;
-4. start NeMo Gym with the replicas as its policy (:func:`gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
+4. start NeMo Gym with the replicas as its policy (:func:`~recipe.nemo_gym.gym_settings.gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
    launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright.
    With ``nemo_gym.ray_head: early`` (the default) Gym joins a Ray head from Gym's venv
    (:mod:`nemo_gym_adapter.gym.ray_head`) that the task runner started before verl's workers (claimed here) or, when
@@ -36,39 +37,29 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ray
 from verl.utils.ray_utils import auto_await
 
 from nemo_gym_adapter import reaper
-from nemo_gym_adapter.access.guard import install_on_actors
 from nemo_gym_adapter.access.key import RunKey, rollout_key
-from nemo_gym_adapter.config import NemoGymConfig, RecipeConfig, load_config
-from nemo_gym_adapter.errors import AdapterError, ServerError
-from nemo_gym_adapter.gym.addresses import (
-    HostChoice,
-    ReplicaEndpoint,
-    check_policy_urls,
-    check_replica_endpoints,
-    choose_gym_host,
-    policy_urls,
-    replica_endpoints,
-)
-from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
-from nemo_gym_adapter.gym.liveness import Liveness, LivenessConfig
+from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.gym.addresses import HostChoice, ReplicaEndpoint, check_policy_urls, choose_gym_host, policy_urls
+from nemo_gym_adapter.gym.liveness import Liveness
 from nemo_gym_adapter.gym.ray_head import GymRayHead, claim_early_head, start_head_for, wants_head
 from nemo_gym_adapter.gym.servers import PID_FILE, GymServers
 from nemo_gym_adapter.gym.warm import WarmLauncher, claim_early_warm, start_warm_for, wants_warm
-from nemo_gym_adapter.policy import PROBE_TEXT, effective_max_model_len, probe_logprob, read_model_card
-from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+from nemo_gym_adapter.policy import effective_max_model_len, probe_logprob, read_model_card
+from nemo_gym_adapter.recipe_config import RecipeConfig, load_config
 from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
 from nemo_gym_adapter.rollouts.dump import RolloutDump
-from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 from nemo_gym_adapter.rollouts.validation import ValidationPass
-from recipe.nemo_gym.backends import ENGINES, Engine, engine_named
+from recipe.nemo_gym.backends import Engine, engine_named
+from recipe.nemo_gym.gym_settings import client_config, gym_launch_spec, liveness_config, trajectory_config
 from recipe.nemo_gym.outcomes import rollout_dump
+from recipe.nemo_gym.replicas import find_replicas, guard_replicas, load_tokenizer, patch_replicas, tokenizer_ids
 
 logger = logging.getLogger(__name__)
 
@@ -288,175 +279,6 @@ class GymManagerBase:
                 cleanup()
             except Exception:  # cleanup must go on
                 logger.exception("stopping the %s failed", what)
-
-
-def load_tokenizer(model_config: Any) -> Any:
-    """The tokenizer of verl's model config (``actor_rollout_ref.model``)."""
-    from verl.utils.config import omega_conf_to_dataclass
-    from verl.workers.config import HFModelConfig
-
-    return omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
-
-
-def tokenizer_ids(tokenizer: Any, model_path: str) -> tuple[int, list[int]]:
-    """The pad id (EOS when the tokenizer has no pad) and the engine probe's token ids."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise AdapterError(f"actor_rollout_ref.model.path={model_path}: tokenizer has no pad/eos token")
-    return int(pad), [int(t) for t in tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
-
-
-def server_weight_version(server: Any) -> int | None:
-    """Runs inside a rollout server actor (vLLM or SGLang): the ``global_steps`` verl's last weight sync set
-    (``set_global_steps``, the same attribute on both of verl's servers)."""
-    return getattr(server, "global_steps", None)
-
-
-def find_replicas(llm_client: Any, engine: Engine = ENGINES["vllm"]) -> tuple[list[ReplicaEndpoint], dict[str, Any]]:
-    """``([endpoint per replica], {actor name: handle})`` of the rollout servers behind ``llm_client``.
-
-    Addresses come from verl's load balancer (what the trainer's own agent loop routes to). ``LLMServerClient``
-    keeps its balancer handle private, so without one we fall back to the actors' own addresses. Handles are found
-    by verl's actor names (``vllm_server_{replica}_{node}``, ``sglang_server_...``: ``engine.actor_prefix``; how
-    verl's ServerAdapter finds them too).
-    """
-    balancer = getattr(llm_client, "_load_balancer", None)
-    wanted = list(ray.get(balancer.get_all_servers.remote(), timeout=60)) if balancer is not None else None
-    actors = engine.find_actors()
-    if not actors:
-        raise ServerError(
-            f"no {engine.label} server actors ({engine.actor_prefix}*) in this Ray namespace: were the replicas "
-            f"started? (actor_rollout_ref.rollout.name={engine.name})"
-        )
-    by_address = {ep.address: ep for ep in replica_endpoints(actors)}
-    addresses = wanted if wanted is not None else sorted(by_address)
-    unknown = [a for a in addresses if a not in by_address]
-    if unknown or not addresses:
-        raise ServerError(
-            f"verl's load balancer lists replicas {addresses} but the server actors serve "
-            f"{ {a: ep.actor for a, ep in by_address.items()} }: no actor for {unknown or 'any replica'}"
-        )
-    endpoints = [by_address[a] for a in addresses]
-    # Each replica must advertise its own node's address: Gym (maybe on another host) calls exactly these.
-    for warning in check_replica_endpoints(endpoints, ray.util.get_node_ip_address()):
-        logger.warning("%s replica address: %s", engine.label, warning)
-    return endpoints, {ep.actor: actors[ep.actor] for ep in endpoints}
-
-
-def patch_replicas(
-    handles: Mapping[str, Any], engine: Engine = ENGINES["vllm"], assistant_edits: str = "keep_ids"
-) -> list[Any]:
-    """The engine's token-ID patch inside every server actor; a missing, hook-less or other-engine report is a
-    ``ServerError``. Each report (``vllm.patch.PatchReport``, ``sglang.patch.PatchReport``) is logged: actor, pid,
-    node, hook, engine and version."""
-    reports = engine.apply_patch(handles, assistant_edits)  # raises ServerError naming the failing actor
-    if len(reports) != len(handles):
-        raise ServerError(f"token-ID patch: {len(reports)} reports for {len(handles)} actors {list(handles)}")
-    for name, report in zip(handles, reports, strict=True):
-        if not report.hook or report.backend != engine.name:
-            raise ServerError(f"token-ID patch: actor {name} reported no {engine.label} hook ({report})")
-        logger.info(
-            "token-ID patch in %s (pid %d on %s): %s, %s %s",
-            name,
-            report.pid,
-            report.node_ip,
-            report.hook,
-            engine.label,
-            report.version,
-        )
-    return reports
-
-
-def guard_replicas(handles: Mapping[str, Any], endpoints: Sequence[ReplicaEndpoint], key: RunKey) -> list[Any]:
-    """The access guard with the run's ``key`` inside every server actor (``access.guard.install_on_actors``; a no-op
-    change where the vLLM plugin already installed it), then the proof: each replica must refuse ``GET /v1/models``
-    without the key (401) -- a ``ServerError`` naming the replica otherwise. The key is never logged."""
-    import urllib.error
-    import urllib.request
-
-    reports = install_on_actors(handles, key.value.get_secret_value())
-    for ep in endpoints:
-        url = f"{ep.url}/models"
-        try:
-            with urllib.request.urlopen(url, timeout=30) as r:
-                status = r.status
-        except urllib.error.HTTPError as e:
-            status = e.code
-        except OSError as e:
-            raise ServerError(f"rollout replica {ep.address} ({ep.actor}): GET {url} failed: {e}") from e
-        if status != 401:
-            raise ServerError(
-                f"rollout replica {ep.address} ({ep.actor}) answered {status} to a request without the run's rollout "
-                "key: the access guard is not in place (nemo_gym.access.require_key)"
-            )
-    logger.info("rollout replicas %s refuse requests without the run's key (%s)", [ep.address for ep in endpoints], key)
-    return reports
-
-
-def gym_launch_spec(
-    gym: NemoGymConfig, urls: list[str], model_name: str, *, host: str, api_key: Any = None
-) -> GymLaunchSpec:
-    """The Gym to start for the ``nemo_gym:`` section, listening on ``host`` (``addresses.choose_gym_host``), with
-    the replicas at ``urls`` (``http://ip:port/v1``) as its policy; ``api_key``: what Gym's model server sends them
-    (the run's rollout key), else ``nemo_gym.policy_api_key``."""
-    config_paths = list(gym.config_paths)
-    if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
-        config_paths.append(TRAINING_MODEL_CONFIG)
-    optional = {
-        "head_port": gym.head_port,
-        "port_range": gym.port_range,
-        "gym_venv": gym.gym_venv,
-        "run_dir": gym.run_dir,
-        "ray_head_node_address": gym.external_ray_head,  # a Ray head someone else runs
-    }
-    return GymLaunchSpec.parse(
-        {
-            "config_paths": config_paths,
-            "policy_base_url": urls,
-            "policy_model_name": model_name,
-            "policy_api_key": api_key if api_key is not None else gym.policy_api_key,
-            "host": host,
-            "config_overrides": gym.config_overrides,
-            "hydra_overrides": gym.hydra_overrides,
-            "env": gym.env,
-            "startup_timeout_s": gym.startup_timeout_s,
-            "port_retries": gym.port_retries,
-            **{k: v for k, v in optional.items() if v is not None},
-        },
-        prefix="nemo_gym",
-    )
-
-
-def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> TrajectoryConfig:
-    """Trajectory lengths and masking policy from the trainer's rollout lengths and ``nemo_gym.trajectory``."""
-    return TrajectoryConfig(
-        prompt_length=recipe.prompt_length,
-        response_length=recipe.response_length,
-        max_model_len=max_model_len,
-        contiguity=recipe.gym.trajectory.contiguity,
-        mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
-        verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
-        forced_token_min_logprob=recipe.gym.trajectory.forced_token_min_logprob,
-        key_prefix="nemo_gym.trajectory",
-    )
-
-
-def client_config(gym: NemoGymConfig) -> RolloutClientConfig:
-    """The rollout client's knobs from ``nemo_gym.client``."""
-    c = gym.client
-    return RolloutClientConfig(
-        max_concurrency=c.max_concurrency,
-        timeout_s=c.timeout_s,
-        max_connection_retries=c.max_connection_retries,
-        retry_backoff_s=c.retry_backoff_s,
-        progress=c.progress,
-        key_prefix="nemo_gym.client",
-    )
-
-
-def liveness_config(gym: NemoGymConfig) -> LivenessConfig:
-    """``nemo_gym.on_server_down`` and ``nemo_gym.liveness``."""
-    return LivenessConfig(on_server_down=gym.on_server_down, **gym.liveness.model_dump())
 
 
 def write_pid_file(gym: GymServers) -> None:

@@ -13,7 +13,7 @@ a verl estimator so that:
   lone sample mean 0 and std 1, i.e. its raw reward). A group that small before masking keeps verl's behaviour;
 * with nothing masked, verl's estimator is called with the very same arguments: its numbers, bit for bit.
 
-:func:`install` wraps the registry entries of :data:`~nemo_gym_adapter.config.MASKABLE_ESTIMATORS` in
+:func:`install` wraps the registry entries of :data:`~nemo_gym_adapter.recipe_checks.MASKABLE_ESTIMATORS` in
 ``verl.trainer.ppo.core_algos.ADV_ESTIMATOR_REGISTRY`` and the module attribute
 ``core_algos.compute_grpo_outcome_advantage`` (``ray_trainer.compute_advantage`` calls it directly for ``grpo``, and
 GDPO calls it once per component). The names stay verl's on purpose: verl hands GDPO its ``non_tensor_batch`` and
@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nemo_gym_adapter.config import MASKABLE_ESTIMATORS
+from nemo_gym_adapter.recipe_checks import MASKABLE_ESTIMATORS
 
 logger = logging.getLogger(__name__)
 

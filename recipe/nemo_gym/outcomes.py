@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from nemo_gym_adapter.config import RecipeConfig
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
+from nemo_gym_adapter.recipe_config import RecipeConfig
 from nemo_gym_adapter.rollouts.dump import DumpConfig, RolloutDump
 from nemo_gym_adapter.rollouts.groups import GroupVerdict, classify, group_metrics, masked_fill, reward_extra_info
 from nemo_gym_adapter.rollouts.trajectory import Trajectory

@@ -5,8 +5,8 @@
 installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
 ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use),
 ``${ngv_demo_model:smollm2}`` → a real pretrained model (SmolLM2-135M-Instruct, converted on first use, ~1 min) and ``${ngv_manager:<use_v1>}``
-→ the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.config.MANAGER_CLASS_V1` for the v1 trainer,
-:data:`~nemo_gym_adapter.config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
+→ the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS_V1` for the v1 trainer,
+:data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.recipe_config import MANAGER_CLASS, MANAGER_CLASS_V1
 
 
 def gym_example_path(env: str, gym_venv: str | None = None) -> str:

@@ -44,9 +44,9 @@ from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this process)
-from nemo_gym_adapter.config import load_config
 from nemo_gym_adapter.data.env_sampling import EnvWeightedSampler
 from nemo_gym_adapter.gym.early import early_gym_servers
+from nemo_gym_adapter.recipe_config import load_config
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from nemo_gym_adapter.rollouts.metrics import scope_name
 from recipe.nemo_gym import masked_estimators, rollout_correction

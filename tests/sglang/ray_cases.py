@@ -62,7 +62,7 @@ def test_the_managers_patch_reaches_verls_sglang_server_actor_through_ray(ray_ac
     from transformers import AutoTokenizer
 
     from recipe.nemo_gym.backends import ENGINES
-    from recipe.nemo_gym.manager_base import find_replicas, patch_replicas
+    from recipe.nemo_gym.replicas import find_replicas, patch_replicas
 
     engine = ENGINES["sglang"]
     endpoints, handles = find_replicas(None, engine)  # no balancer: the actors' own addresses
@@ -86,7 +86,7 @@ def test_the_managers_patch_reaches_verls_sglang_server_actor_through_ray(ray_ac
     stock_prompt = ray.get(ray_actor.scheduler_calls.remote())[-1]
     assert stock_prompt[: len(history)] != history  # the control: SGLang re-rendered the history
 
-    with caplog.at_level(logging.INFO, logger="recipe.nemo_gym.manager_base"):
+    with caplog.at_level(logging.INFO, logger="recipe.nemo_gym.replicas"):
         (report,) = patch_replicas(handles, engine, "keep_ids")
     assert (report.backend, report.version, report.actor) == ("sglang", "0.5.12", ACTOR)
     assert report.pid == ray.get(ray_actor.__ray_call__.remote(lambda self: os.getpid()))
@@ -119,7 +119,7 @@ def test_the_managers_access_guard_and_verls_own_sglang_client_with_the_run_key(
 
     from nemo_gym_adapter.access import key as access_key
     from recipe.nemo_gym.backends import ENGINES
-    from recipe.nemo_gym.manager_base import find_replicas, guard_replicas
+    from recipe.nemo_gym.replicas import find_replicas, guard_replicas
 
     key = access_key.generate()
     access_key.publish(key)  # what the recipe's driver does right after ray.init

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_adapter.rollouts.trajectory import Trajectory, TrajectoryConfig, build_trajectory
+from nemo_gym_adapter.rollouts.builder import build_trajectory
+from nemo_gym_adapter.rollouts.trajectory import Trajectory, TrajectoryConfig
 from nemo_gym_adapter.wire import parse_run_result
 
 GYM_RESULTS = Path(__file__).resolve().parents[1] / "fixtures" / "gym_results"

@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter.config import DATASET_NAME, DATASET_PATH, MANAGER_CLASS
+import pytest
+
+from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.recipe_config import DATASET_NAME, DATASET_PATH, MANAGER_CLASS, load_config
 
 GYM_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 
@@ -38,3 +41,10 @@ def minimal_recipe_config(tmp_path: Path) -> dict[str, Any]:
         },
         "nemo_gym": {"config_paths": [GYM_CONFIG]},
     }
+
+
+def config_error(cfg: Any) -> str:
+    """The message of the ``AdapterConfigError`` :func:`load_config` raises for ``cfg`` (fails the test if none)."""
+    with pytest.raises(AdapterConfigError) as e:
+        load_config(cfg)
+    return str(e.value)

@@ -17,6 +17,8 @@ LIB = "nemo_gym_adapter"
 # Rank of each part: a module may import parts of a lower rank or its own package; plumbing imports no package.
 PLUMBING = {
     "config",
+    "recipe_config",
+    "recipe_checks",
     "console",
     "errors",
     "paths",

@@ -302,6 +302,11 @@ def _check_listeners(bed, manager) -> None:
     exposed = [item for item in seen[head] if item.pid in gym_side and item.scope != "loopback"]
     assert not exposed, exposed
     assert any(item.pid in gym_side for item in seen[head])  # the control: Gym's listeners were found
+    # A stranger on another host cannot reach it: host 2 connecting to Gym's head port at host 1's address.
+    port = urllib.parse.urlsplit(manager.gym.head_url).port
+    probe = f"import socket; socket.create_connection(('{bed.hosts[0].address}', {port}), timeout=5)"
+    refused = subprocess.run(bed.hosts[1].command([sys.executable, "-c", probe]), capture_output=True, text=True)
+    assert refused.returncode != 0 and "ConnectionRefusedError" in refused.stderr, refused.stderr[-500:]
     # Each replica's HTTP port: its own host's address, never every interface; a request without the key: 401.
     for ep in manager.replica_endpoints:
         host = next(h for h in bed.hosts if h.address == ep.host)

@@ -201,7 +201,7 @@ def test_a_launch_from_another_gym_venv_goes_cold(fake_gym_venv, tmp_path, caplo
 
 
 def test_a_warm_launcher_that_cannot_start_is_skipped_with_a_warning(tmp_path, caplog):
-    from nemo_gym_adapter.config import load_config
+    from nemo_gym_adapter.recipe_config import load_config
 
     cfg = _config(tmp_path, tmp_path / "no-venv")  # no bin/gym, no bin/python
     with caplog.at_level(logging.WARNING, logger="nemo_gym_adapter.gym.warm"):

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_gym_adapter.config import ROLLOUT_ENGINES
 from nemo_gym_adapter.errors import AdapterConfigError, ServerError, SetupError
+from nemo_gym_adapter.recipe_checks import ROLLOUT_ENGINES
 from recipe.nemo_gym import backends
-from recipe.nemo_gym.manager_base import patch_replicas
+from recipe.nemo_gym.replicas import patch_replicas
 
 
 def _config(name: str, device: str = "cuda", patch: bool = True):
@@ -59,7 +59,7 @@ def _report(backend: str, hook: str = "sglang...OpenAIServingChat._apply_jinja_t
 def test_the_patch_step_logs_each_report_and_refuses_another_engines(monkeypatch, caplog):
     engine = backends.ENGINES["sglang"]
     monkeypatch.setattr(engine.patch, "apply_patch_to_actors", lambda handles, assistant_edits: [_report("sglang")])
-    with caplog.at_level(logging.INFO, logger="recipe.nemo_gym.manager_base"):
+    with caplog.at_level(logging.INFO, logger="recipe.nemo_gym.replicas"):
         (report,) = patch_replicas({"sglang_server_0_0": object()}, engine)
     assert report.backend == "sglang"
     assert (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
+from nemo_gym_adapter.recipe_config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
 from recipe.nemo_gym.main import CONFIG_DIR, verl_config_dir, with_verl_searchpath
 from recipe.nemo_gym.resolvers import register_resolvers
 

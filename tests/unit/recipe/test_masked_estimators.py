@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nemo_gym_adapter.config import MASKABLE_ESTIMATORS
+from nemo_gym_adapter.recipe_checks import MASKABLE_ESTIMATORS
 from recipe.nemo_gym import masked_estimators
 from recipe.nemo_gym.advantage import compute_masked_grpo_outcome_advantage
 from recipe.nemo_gym.masked_estimators import exclude_masked

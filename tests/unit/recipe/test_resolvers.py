@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_gym_adapter.config import MANAGER_CLASS, MANAGER_CLASS_V1
 from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.recipe_config import MANAGER_CLASS, MANAGER_CLASS_V1
 from recipe.nemo_gym.resolvers import gym_example_path, manager_class
 
 

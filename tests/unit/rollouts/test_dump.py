@@ -11,7 +11,7 @@ from pathlib import Path
 from nemo_gym_adapter.rollouts import dump_view
 from nemo_gym_adapter.rollouts.core import RowResult
 from nemo_gym_adapter.rollouts.dump import DumpConfig, RolloutDump, SampleContext, rollout_record, step_file
-from nemo_gym_adapter.rollouts.trajectory import trajectory_from_outcome
+from nemo_gym_adapter.rollouts.outcome import trajectory_from_outcome
 from tests.support.gym_results import E0, G0, G1, P0, FakeFailure, FakeOutcome, handmade_multiturn, recorded
 
 BIG = DumpConfig(Path("unused"), max_text_chars=100_000)

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter.rollouts.metrics import compute_metrics
-from nemo_gym_adapter.rollouts.trajectory import MaskReason, failed_trajectory
+from nemo_gym_adapter.rollouts.outcome import failed_trajectory
+from nemo_gym_adapter.rollouts.trajectory import MaskReason
 from nemo_gym_adapter.vllm import abort as vllm_abort
 from nemo_gym_adapter.vllm.abort import ABORT_MARKER, make_abort_guard
 

@@ -1,0 +1,135 @@
+"""The recipe-level rules: combinations of verl's keys and ours that cannot train correctly with Gym rollouts.
+
+Each rule takes the values :func:`nemo_gym_adapter.recipe_config.load_config` read (no config access here: the rules
+are pure and testable on their own) and appends one problem per broken rule to ``problems``: the dotted key, the bad
+value and the fix, so that :func:`~nemo_gym_adapter.recipe_config.load_config` reports every problem at once.
+
+- the engine (``actor_rollout_ref.rollout.name``): the engines the token-ID patch supports, and what SGLang needs
+  from verl's rollout keys (docs/SGLANG.md);
+- the advantage estimator (``algorithm.adv_estimator``): ``masked_grpo`` or one of verl's outcome estimators whose
+  masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group statistic; GDPO's reward keys and
+  trainer;
+- ``nemo_gym.trajectory.contiguity: split``: the trainer and the estimators that count a split rollout once;
+- group filtering (``algorithm.filter_groups``): the trainer and a metric masked samples cannot decide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MASKED_GRPO = "masked_grpo"  # = recipe.nemo_gym.advantage.MASKED_GRPO (not imported: that module imports verl)
+# verl's actor_rollout_ref.rollout.name values the token-ID patch supports (= recipe.nemo_gym.backends.ENGINES).
+ROLLOUT_ENGINES = ("vllm", "sglang")
+MASKABLE_ESTIMATORS = (
+    "grpo",
+    "grpo_vectorized",
+    "gdpo",
+    "grpo_passk",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "reinforce_plus_plus_baseline",
+    "gpg",
+)
+"""verl's outcome estimators whose masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group
+statistic; with ``masked_grpo``, the values ``algorithm.adv_estimator`` may take."""
+GDPO = "gdpo"
+SESSION_ESTIMATORS = (MASKED_GRPO, "grpo")
+"""The estimators that count a rollout split into several samples (``contiguity: split``) once in its group."""
+OUTCOME_METRIC = "gym_outcome"  # = nemo_gym_adapter.rollouts.groups.OUTCOME_KEY (plumbing imports no package)
+
+
+def check_engine(name: Any, skip_tokenizer_init: Any, disaggregated: Any, problems: list[str]) -> None:
+    """``actor_rollout_ref.rollout.name`` is an engine the patch supports; with SGLang, verl's rollout keys it needs
+    (``skip_tokenizer_init``: verl's default is true; ``disaggregation.enabled``)."""
+    if name not in ROLLOUT_ENGINES:
+        problems.append(
+            f"actor_rollout_ref.rollout.name={name!r}: the token-ID patch supports {' and '.join(ROLLOUT_ENGINES)}; "
+            "set one of them"
+        )
+    if name != "sglang":
+        return
+    if skip_tokenizer_init is not False:
+        problems.append(
+            f"actor_rollout_ref.rollout.skip_tokenizer_init={skip_tokenizer_init!r}: must be false with "
+            "rollout.name=sglang: without a tokenizer SGLang's OpenAI chat endpoint (which Gym calls) answers 500 to "
+            "every request"
+        )
+    if disaggregated:
+        problems.append(
+            f"actor_rollout_ref.rollout.disaggregation.enabled={disaggregated!r}: prefill/decode disaggregation is not "
+            "supported with NeMo Gym (Gym calls each replica's one OpenAI address; the token-ID patch is not applied "
+            "to the decode servers); set false"
+        )
+
+
+def check_estimator(estimator: Any, problems: list[str]) -> None:
+    """``algorithm.adv_estimator``: ``masked_grpo`` or an estimator that keeps masked rows out of its baselines."""
+    if estimator == MASKED_GRPO or estimator in MASKABLE_ESTIMATORS:
+        return
+    problems.append(
+        f"algorithm.adv_estimator={estimator!r}: set {MASKED_GRPO} or one of verl's outcome estimators "
+        f"{', '.join(MASKABLE_ESTIMATORS)}: failed Gym rollouts are masked rows, which those keep out of every group "
+        "baseline (recipe.nemo_gym.masked_estimators)"
+    )
+
+
+def check_split_trainer(contiguity: str, v1: bool, problems: list[str]) -> None:
+    """``contiguity: split`` puts several samples per rollout: verl's v1 trainer only."""
+    if not v1 and contiguity == "split":
+        problems.append(
+            "nemo_gym.trajectory.contiguity='split': several samples per rollout need verl's v1 trainer (sessions "
+            "keyed {uid}_{session}_{i}); the legacy trainer's batch holds one sample per rollout. Set "
+            "trainer.use_v1=true, or nemo_gym.trajectory.contiguity to mask or truncate"
+        )
+
+
+def check_split_estimator(contiguity: str, v1: bool, estimator: Any, problems: list[str]) -> None:
+    """``contiguity: split`` on the v1 trainer: an estimator that counts a split rollout once in its group."""
+    if v1 and contiguity == "split" and estimator not in SESSION_ESTIMATORS:
+        problems.append(
+            f"algorithm.adv_estimator={estimator!r} with nemo_gym.trajectory.contiguity='split': only "
+            f"{' and '.join(SESSION_ESTIMATORS)} count a rollout split into several samples once in its group (verl's "
+            f"v1 trainer hands every other estimator each segment as a group member); set {MASKED_GRPO}"
+        )
+
+
+def gdpo_reward_keys(raw: Any, estimator: Any, v1: bool, problems: list[str]) -> list[str]:
+    """``algorithm.gdpo_reward_keys`` (``raw``: a list, one string or None) as strings; with
+    ``algorithm.adv_estimator=gdpo`` problems appended: the v1 trainer (verl 0.9.1's
+    ``trainer_base._compute_advantage`` hands the estimator no reward components) and an empty list."""
+    keys = [raw] if isinstance(raw, str) else list(raw or [])
+    if estimator != GDPO:
+        return [str(k) for k in keys]
+    if v1:
+        problems.append(
+            f"algorithm.adv_estimator={GDPO!r} (algorithm.gdpo_reward_keys={[str(k) for k in keys]}): verl 0.9.1's v1 "
+            "trainer does not pass reward components to the estimator (trainer_base._compute_advantage fetches only "
+            "uid, response_mask, rm_scores, log-probs and values), so GDPO would fail or silently train on the summed "
+            "reward; set trainer.use_v1=false (the legacy trainer passes them) or use masked_grpo"
+        )
+    bad = [k for k in keys if not isinstance(k, str) or not k]
+    if not keys or bad:
+        problems.append(
+            f"algorithm.gdpo_reward_keys={keys!r}: GDPO needs a list of the environment's reward component names "
+            "(the keys of reward_components in its verify response, e.g. [correctness, format])"
+        )
+    return [str(k) for k in keys]
+
+
+def filter_groups_metric(enabled: Any, metric: Any, v1: bool, problems: list[str]) -> str | None:
+    """``algorithm.filter_groups.metric`` when verl's group filter is on (``enabled``; None when off)."""
+    if not enabled:
+        return None
+    if not v1:
+        problems.append(
+            "algorithm.filter_groups.enable=true: verl 0.9.1's legacy trainer has no group filtering (only its v1 "
+            "trainer's replay buffer filters groups); set trainer.use_v1=true or algorithm.filter_groups.enable=false"
+        )
+    if metric in (None, "", "reward"):
+        problems.append(
+            f"algorithm.filter_groups.metric={metric!r}: with Gym set {OUTCOME_METRIC} (Gym's verified reward of each "
+            "valid sample; masked samples never decide a group) or a reward component's name; 'reward' reads "
+            "rm_scores, where a masked sample counts as a real 0"
+        )
+    return str(metric) if metric else None

@@ -1,0 +1,103 @@
+"""The rules across verl's keys and ours (``nemo_gym_adapter.recipe_checks``), as ``load_config`` applies them: the
+engine and SGLang's keys, ``contiguity: split``, group filtering, the estimators and GDPO."""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_gym_adapter.recipe_config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
+from tests.support.recipe_config import config_error, minimal_recipe_config
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return minimal_recipe_config(tmp_path)
+
+
+def test_sglang_is_a_rollout_engine_with_its_tokenizer_on(cfg):
+    rollout = cfg["actor_rollout_ref"]["rollout"]
+    assert load_config(cfg).rollout_name == "vllm"
+    rollout["name"] = "sglang"
+    message = config_error(cfg)  # verl's default skip_tokenizer_init (true) leaves SGLang's chat endpoint without one
+    assert "actor_rollout_ref.rollout.skip_tokenizer_init=True: must be false with rollout.name=sglang" in message
+    rollout["skip_tokenizer_init"] = False
+    assert load_config(cfg).rollout_name == "sglang"
+    rollout["disaggregation"] = {"enabled": True}
+    assert "actor_rollout_ref.rollout.disaggregation.enabled=True" in config_error(cfg)
+    rollout["name"] = "vllm"  # the SGLang rules are SGLang's only
+    rollout["skip_tokenizer_init"] = True
+    assert load_config(cfg).rollout_name == "vllm"
+
+
+def test_split_needs_the_v1_trainer(cfg):
+    """``contiguity: split`` puts several samples per rollout, which only verl's v1 trainer takes (issue 19)."""
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "split"}
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    cfg["trainer"]["use_v1"] = True
+    assert load_config(cfg).gym.trajectory.contiguity == "split"
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS
+    cfg["trainer"]["use_v1"] = False
+    message = config_error(cfg)
+    assert "nemo_gym.trajectory.contiguity='split'" in message and "trainer.use_v1=true" in message, message
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "truncate"}
+    load_config(cfg)
+
+
+def test_group_filtering_is_refused_on_the_legacy_trainer_naming_the_key(cfg):
+    cfg["algorithm"]["filter_groups"] = {"enable": True, "metric": "gym_outcome"}
+    message = config_error(cfg)  # cfg is the legacy trainer's
+    assert "algorithm.filter_groups.enable=true" in message and "trainer.use_v1=true" in message, message
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    assert load_config(cfg).filter_groups_metric == "gym_outcome"
+    cfg["algorithm"]["filter_groups"]["enable"] = False
+    assert load_config(cfg).filter_groups_metric is None
+
+
+@pytest.mark.parametrize("metric", ["reward", None])
+def test_group_filtering_on_rm_scores_is_refused_masked_samples_would_decide(cfg, metric):
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    cfg["algorithm"]["filter_groups"] = {"enable": True, "metric": metric}
+    message = config_error(cfg)
+    assert f"algorithm.filter_groups.metric={metric!r}" in message and "gym_outcome" in message, message
+
+
+@pytest.mark.parametrize("estimator", ["masked_grpo", "grpo", "rloo", "opo"])
+def test_masked_grpo_and_verls_outcome_estimators_are_accepted(cfg, estimator):
+    cfg["algorithm"]["adv_estimator"] = estimator
+    assert load_config(cfg).adv_estimator == estimator
+
+
+def test_gdpo_on_the_legacy_trainer_reads_its_keys(cfg):
+    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=["correctness", "format"])
+    rc = load_config(cfg)
+    assert rc.adv_estimator == "gdpo" and rc.gdpo_reward_keys == ["correctness", "format"]
+
+
+def test_gdpo_on_the_v1_trainer_is_a_start_up_error_naming_the_key(cfg):
+    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=["correctness"])
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    message = config_error(cfg)
+    assert "algorithm.adv_estimator='gdpo'" in message and "trainer.use_v1=false" in message, message
+    assert "_compute_advantage" in message, message
+
+
+@pytest.mark.parametrize("keys", [None, [], [""]])
+def test_gdpo_without_reward_keys_is_a_start_upconfig_error(cfg, keys):
+    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=keys)
+    message = config_error(cfg)
+    assert "algorithm.gdpo_reward_keys=" in message and "reward_components" in message, message
+
+
+def test_split_rollouts_need_an_estimator_that_counts_a_session_once(cfg):
+    cfg["nemo_gym"]["trajectory"] = {"contiguity": "split"}
+    cfg["trainer"]["use_v1"] = True
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
+    cfg["algorithm"]["adv_estimator"] = "rloo"
+    message = config_error(cfg)
+    assert "algorithm.adv_estimator='rloo'" in message and "contiguity='split'" in message, message
+    for estimator in ("grpo", "masked_grpo"):
+        cfg["algorithm"]["adv_estimator"] = estimator
+        load_config(cfg)
