@@ -2,7 +2,8 @@
 with ``ip netns exec``), for the tests that check a run exposes nothing beyond what docs/CLUSTER.md lists.
 
 :func:`listeners` returns one :class:`Listener` per (socket, owning pid); :func:`scope` tells loopback, one address
-(the node's) and every interface apart; :func:`table` prints them for a test's log.
+(the node's) and every interface apart; :func:`table` prints them for a test's log; :class:`TreeListeners` takes
+them for a whole process tree (a recipe run) once it trains.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import ipaddress
 import re
 import subprocess
+import threading
+import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -75,3 +79,39 @@ def listeners(netns: str | None = None, pids: Collection[int] | None = None) -> 
 def table(items: Iterable[Listener]) -> str:
     """One line per listener: ``host:port  scope  pid  command``."""
     return "\n".join(f"  {f'{i.host}:{i.port}':28s} {i.scope:8s} {i.pid:7d} {i.process}" for i in items)
+
+
+class TreeListeners(threading.Thread):
+    """The listeners of a process tree (a recipe run), taken once its log says it is training.
+
+    Start it with the run's pid and log; it samples the tree every ``interval_s`` (pids that re-parent away stay
+    counted once seen), and when ``trigger`` first appears in the log it lists every TCP listener held by a pid of
+    the tree into :attr:`found`, then stops. :attr:`found` stays None when the trigger never came."""
+
+    def __init__(self, pid: int, log_path: Path, trigger: str, interval_s: float = 0.5) -> None:
+        super().__init__(daemon=True, name="tree-listeners")
+        self.pid, self.log_path, self.trigger, self.interval_s = pid, log_path, trigger, interval_s
+        self.pids: set[int] = set()
+        self.found: list[Listener] | None = None
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+            self.pids |= {self.pid, *(c.pid for c in root.children(recursive=True))}
+        except psutil.Error:
+            pass
+
+    def run(self) -> None:
+        while not self._stop.is_set() and psutil.pid_exists(self.pid):
+            self._sample()
+            if self.trigger in self.log_path.read_text(errors="replace"):
+                time.sleep(self.interval_s)
+                self._sample()
+                self.found = listeners(pids=self.pids)
+                return
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(timeout=30)
