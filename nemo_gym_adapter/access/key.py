@@ -9,8 +9,9 @@ sees another's with ``ps``), a log or a file: it lives in process memory, in the
 How it reaches the run's processes: the driver publishes it in Ray's internal KV, keyed by the Ray job (:func:`publish`,
 right after ``ray.init``), before verl starts any worker; every process of the job reads it from there
 (:func:`fetch`): the vLLM plugin inside each rollout server installs the guard with it before the server answers
-(:mod:`nemo_gym_adapter.access.guard`), verl's SGLang weight-sync client sends it (:mod:`nemo_gym_adapter.sglang.
-verl_client`), the manager hands it to Gym (``policy_api_key``, through Gym's environment only) and to its own probes.
+(:mod:`nemo_gym_adapter.access.guard`), verl's SGLang weight-sync client sends it
+(:mod:`nemo_gym_adapter.sglang.verl_client`), the manager hands it to Gym (``policy_api_key``, through Gym's
+environment only) and to its own probes.
 Anyone who can read Ray's KV can run code in the cluster anyway, so the KV adds no exposure Ray itself does not have;
 Ray's token protects both (:mod:`nemo_gym_adapter.access.listen`). A process that finds no published key (a manager
 built by a test, without the recipe's driver) makes one and publishes it itself (:func:`for_this_job`).
