@@ -8,9 +8,11 @@
     python -m nemo_gym_adapter.collect --gym-head-url http://127.0.0.1:11000 --data eval.jsonl   # a running Gym
 
 The policy is a checkpoint (``--model``; default: the demo's tiny model) served here by vLLM with the token-ID patch
-(``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags) on loopback, requiring a key generated
-for this run on every route (``nemo_gym_adapter.access``; Gym's model server gets it through its environment), or any
-OpenAI-compatible server (``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is started here with the bundled environments (``--env NAME``: the config that declares
+(``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags; ``--tool-parser`` the tool parser, by
+default the model's own: ``ngv_json`` for the converted tool model, ``hermes`` otherwise; ``--no-patch`` serves it with
+stock vLLM, to measure what the patch fixes) on loopback, requiring a key generated for this run (on every route with
+the patch, under ``/v1`` without it; ``nemo_gym_adapter.access``; Gym's model server gets it through its environment),
+or any OpenAI-compatible server (``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is started here with the bundled environments (``--env NAME``: the config that declares
 its ``data/example.jsonl`` for an agent, as Gym links rows to agents: ``gym.catalogue``) and/or your configs
 (``--config-path``) in front of that policy, or attached to (``--gym-head-url``: that Gym's own policy). Rows: ``--data``
 JSONL files (rows without ``agent_ref``/``task_source`` go to ``--agent``, else to the one ``--env``'s agent) or each
@@ -72,6 +74,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m = p.add_argument_group("policy")
     m.add_argument("--model", help="checkpoint to serve with the patched vLLM (default: the demo's tiny qwen25)")
     m.add_argument("--vllm-arg", action="append", default=[], metavar="ARG", help="extra vLLM server flag (repeatable)")
+    m.add_argument(
+        "--tool-parser",
+        metavar="NAME",
+        help="vLLM tool parser for --model (hermes, ngv_json, ...; none: no tool parsing). Default: the model's own "
+        "(a converted demo model's manifest; hermes for any other checkpoint)",
+    )
+    m.add_argument(
+        "--no-patch",
+        action="store_true",
+        help="serve --model with stock vLLM, without the token-ID patch (to measure what it fixes)",
+    )
     m.add_argument("--policy-base-url", help="use this OpenAI-compatible server (…/v1) instead of serving --model")
     m.add_argument("--model-name", help="served model name (default: what the server lists first)")
     m.add_argument("--temperature", type=float, default=1.0)
@@ -103,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     if args.timeout <= 0 or args.retries < 0 or args.startup_timeout <= 0:
         p.error("--timeout and --startup-timeout must be > 0 and --retries >= 0")
+    if (args.tool_parser or args.no_patch) and args.policy_base_url:
+        p.error("--tool-parser and --no-patch are for the --model served here, not a --policy-base-url server")
     if args.model and args.policy_base_url:
         p.error("--model serves a checkpoint here; --policy-base-url uses a running server: give one of them")
     if args.gym_head_url and (args.envs or args.config_path or args.model or args.policy_base_url):
@@ -147,14 +162,21 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]
     base_url, name = args.policy_base_url, args.model_name
     key: SecretStr | None
     if base_url is None:
-        from nemo_gym_adapter.vllm.server import start_vllm_server
+        from nemo_gym_adapter.demo_models.converter import tool_parser_of
+        from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, STOCK_LAUNCHER, start_vllm_server, tool_args
 
         model = args.model or _demo_model()
         name = name or Path(model).name
+        parser = tool_parser_of(model) if args.tool_parser is None else args.tool_parser
+        parser = None if parser == "none" else parser
+        patch = "no token-ID patch" if args.no_patch else "token-ID patch"
         key = access_key.generate().value  # only this process and the Gym it starts know it
-        print(f"starting vLLM (token-ID patch) with {model} ...", file=sys.stderr)
-        server = stack.enter_context(start_vllm_server(model, name, extra_args=args.vllm_arg, api_key=key))
-        base_url = server.base_url
+        print(f"starting vLLM ({patch}, tool parser {parser}) with {model} ...", file=sys.stderr)
+        launcher = STOCK_LAUNCHER if args.no_patch else PATCHED_LAUNCHER
+        server = start_vllm_server(
+            model, name, extra_args=args.vllm_arg, tool_args=tool_args(parser), launcher=launcher, api_key=key
+        )
+        base_url = stack.enter_context(server).base_url
     else:
         chosen = access_key.from_env()
         key = chosen.value if chosen is not None else None

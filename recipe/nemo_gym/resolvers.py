@@ -4,7 +4,8 @@
 ``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
 installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
 ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use),
-``${ngv_demo_model:smollm2}`` → a real pretrained model (SmolLM2-135M-Instruct, converted on first use, ~1 min) and ``${ngv_manager:<use_v1>}``
+``${ngv_demo_model:<name>}`` → a real pretrained model (``smollm2``: SmolLM2-135M-Instruct; ``qwen2.5-coder-0.5b``: the
+Qwen2.5-Coder-0.5B-Instruct tool model; converted on first use, minutes) and ``${ngv_manager:<use_v1>}``
 → the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS_V1` for the v1 trainer,
 :data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
 """
@@ -48,12 +49,14 @@ def _tiny_model(family: str) -> str:
 
 
 def demo_model(name: str) -> str:
-    """A real pretrained demo model's directory, converted on first use (``${ngv_demo_model:smollm2}``)."""
-    if name != "smollm2":
-        raise AdapterConfigError(f"${{ngv_demo_model:{name}}}: unknown demo model; known: ['smollm2']")
-    from nemo_gym_adapter.demo_models.smollm2 import build_smollm2
+    """A real pretrained demo model's directory, converted on first use (``${ngv_demo_model:smollm2}``,
+    ``${ngv_demo_model:qwen2.5-coder-0.5b}``: the manifests of ``nemo_gym_adapter.demo_models.manifests``)."""
+    from nemo_gym_adapter.demo_models import converter
+    from nemo_gym_adapter.demo_models.manifests import MANIFESTS
 
-    return str(build_smollm2())
+    if name not in MANIFESTS:
+        raise AdapterConfigError(f"${{ngv_demo_model:{name}}}: unknown demo model; known: {sorted(MANIFESTS)}")
+    return str(converter.build_demo_model(name))
 
 
 def manager_class(use_v1: Any) -> str:

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from nemo_gym_adapter.demo_models.smollm2 import build_smollm2
+from nemo_gym_adapter.demo_models.converter import build_demo_model
 from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe
 
@@ -38,7 +38,7 @@ GAP_TOL = 1e-3  # mean |vLLM - actor| log-prob, fp32 both sides, 30 layers (the 
 
 
 def test_two_grpo_steps_of_the_real_model_on_math_with_judge(tmp_path, reaped_children):
-    build_smollm2()  # converted once (setup_tests.sh does it in CI); the config resolves the same directory
+    build_demo_model("smollm2")  # converted once (setup_tests.sh does it in CI); the config resolves the same directory
     text, wall = _run_recipe(tmp_path, *SMALL, config_name="nemo_gym_cpu_smollm2_math")
     steps = _parse_steps(text)
     assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"

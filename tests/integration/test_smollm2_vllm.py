@@ -13,7 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from nemo_gym_adapter.demo_models import smollm2 as sm
+from nemo_gym_adapter.demo_models import checks
+from nemo_gym_adapter.demo_models.converter import build_demo_model
+from nemo_gym_adapter.demo_models.manifests import SMOLLM2
 from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, VllmServer
 from nemo_gym_adapter.vllm.server import start_vllm_server as launch
 from tests.support.vllm_fixtures import VLLM_START_TIMEOUT_S
@@ -26,7 +28,7 @@ IM_END = 2
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    return sm.build_smollm2()
+    return build_demo_model("smollm2")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +50,8 @@ def test_the_converted_models_special_tokens_are_its_own(model_dir):
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     assert (
-        sm.special_token_problems(
-            tok, AutoConfig.from_pretrained(model_dir), GenerationConfig.from_pretrained(model_dir)
+        checks.special_token_problems(
+            SMOLLM2, tok, AutoConfig.from_pretrained(model_dir), GenerationConfig.from_pretrained(model_dir)
         )
         == []
     )

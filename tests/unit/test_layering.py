@@ -29,6 +29,7 @@ PLUMBING = {
     "policy",
     "server_actors",
     "wire",
+    "tool_calls",
 }
 RANK = {
     "plumbing": 0,

@@ -113,6 +113,11 @@ class CPUvLLMHttpServer(vLLMHttpServer):
     def _preprocess_engine_kwargs(self, engine_kwargs: dict) -> None:
         """verl's hook, run before the vLLM CLI args are built: add the CPU defaults under the user's values."""
         super()._preprocess_engine_kwargs(engine_kwargs)
+        # Our tool parsers (``tool_call_parser: ngv_json``) by name, before vLLM's app looks the parser up; vLLM's
+        # general plugin does the same wherever this package is installed (the GPU path), this covers a checkout.
+        from nemo_gym_adapter.vllm.plugin import register_tool_parsers
+
+        register_tool_parsers()
         for key, value in CPU_ENGINE_KWARGS.items():
             engine_kwargs.setdefault(key, copy.deepcopy(value))  # verl edits compilation_config in place
         # verl builds compilation_config with setdefault("cudagraph_mode", FULL_AND_PIECEWISE): give it ours first.

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from nemo_gym_adapter import paths
-from nemo_gym_adapter.demo_models.smollm2 import build_smollm2
+from nemo_gym_adapter.demo_models.converter import build_demo_model
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def test_every_multi_turn_rollout_of_the_real_model_is_contiguous(tmp_path, reco
         "--env",
         ENV,
         "--model",
-        str(build_smollm2()),
+        str(build_demo_model("smollm2")),
         "--repeats",
         str(REPEATS),
         "--max-output-tokens",

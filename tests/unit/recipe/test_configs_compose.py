@@ -25,6 +25,7 @@ def test_the_shipped_configs_are_the_expected_ones():
     assert PRIMARY_CONFIGS == [
         "nemo_gym_cpu",
         "nemo_gym_cpu_multi_env",
+        "nemo_gym_cpu_qwen_tools",
         "nemo_gym_cpu_smollm2_math",
         "nemo_gym_cpu_toy",
         "nemo_gym_multi_env",

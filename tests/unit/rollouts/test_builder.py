@@ -279,6 +279,10 @@ def test_trajectories_keep_the_results_numeric_fields_masked_or_not():
         "reward_components/correct": 1.0,
         "reward_components/format": 1.0,
         "accuracy": 0.5,
+        # what the rollout's tool calls were worth, whatever the verifier checks (nemo_gym_adapter/tool_calls.py)
+        "tool_calls/count": 1.0,
+        "tool_calls/schema_valid": 1.0,
+        "tool_calls/unknown_tool": 0.0,
     }
     masked = build({**payload, "mask_sample": True})
     assert masked.masked and masked.numeric["accuracy"] == 0.5  # for the dump: what Gym said about a masked row

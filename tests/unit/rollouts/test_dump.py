@@ -49,7 +49,8 @@ def test_a_multi_turn_tool_call_rollout_reads_as_text_with_every_tool_call_and_o
     # recorded without the token-ID patch: its history is not contiguous, which the line says
     assert r["gym_reward"] == 1.0 and r["masked_reason"] == "non_contiguous" and r["contiguous"] is False
     assert r["num_turns"] == 3 and r["prompt_tokens"] == 222 and r["generated_tokens"] == 0
-    assert r["result"] == {"accuracy": 1.0} and r["reward_components"] == {"call": 1.0}
+    tool_calls = {"tool_calls/count": 3.0, "tool_calls/schema_valid": 1.0, "tool_calls/unknown_tool": 0.0}
+    assert r["result"] == {"accuracy": 1.0, **tool_calls} and r["reward_components"] == {"call": 1.0}
     assert [c["generated_tokens"] for c in r["model_calls"]] == [43, 43, 43]
     assert False in [c["extends_previous"] for c in r["model_calls"][1:]]
     calls = [t for t in r["turns"] if t["type"] == "tool_call"]

@@ -1,0 +1,159 @@
+"""The tool model's learning rows: Gym 0.7.0's stock ``example_multi_step`` task, with prompts short enough to train on
+two CPU cores (Gym ships 5 example rows whose system prompt lists ~150 synonyms, ~2,300 tokens).
+
+    python scripts/make_synonym_rows.py [--out configs/data] [--train 256] [--val 64] [--seed 2025] [--terms 6]
+
+writes ``synonyms_train.jsonl`` and ``synonyms_val.jsonl`` (committed; ``tests/unit/data/test_synonym_rows.py``
+regenerates them and compares bytes, so they are never hand-edited). Each row is ``example_multi_step``'s own format:
+a system prompt listing a few terms' synonyms, a user question about one of the terms, the environment's two tools
+(``get_synonym_value``, ``extract_synonym_values``, copied from its example rows' schema), and the verifier fields
+(``expected_synonyms``, ``expected_synonym_values`` = the sum of each synonym's character codes, what the tool
+returns, ``minefield_label`` = the term itself and its value). The task is Gym's: call ``get_synonym_value`` for each
+synonym of the term the question is about, in the listed order, then ``extract_synonym_values`` with the values; the
+verifier rewards the exact list. So every rollout that solves it makes at least three model calls (two tool rounds and
+an answer): multi-turn by construction.
+
+The validation rows come first from the seeded generator and share no (question, synonym list) with training; the
+terms and question templates are the same (the skill, not new words, is what is learned).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+AGENT = "example_multi_step_simple_agent"
+TRAIN_FILE, VAL_FILE = "synonyms_train.jsonl", "synonyms_val.jsonl"
+SYSTEM = (
+    "# Instructions\nYou are an extraction agent. Use the tools to find the values of the synonyms of the term the "
+    "user's question is about: call get_synonym_value once for each of that term's synonyms, in the order they are "
+    "listed below, then call extract_synonym_values with the values in that order. Only that term's synonyms count."
+    "\n\n# Available synonyms\n"
+)
+# term -> (synonyms, questions about it)
+TERMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "Hot": (("Blazing", "Warm", "Scorching"), ("Why are deserts so hot at noon?", "How do I cool down on a hot day?")),
+    "Cold": (("Chilly", "Frosty", "Icy"), ("Why is the Arctic so cold?", "How do penguins survive the cold?")),
+    "Fast": (("Quick", "Rapid", "Brisk"), ("What is the fastest land animal?", "How can I type faster?")),
+    "Slow": (("Sluggish", "Leisurely", "Unhurried"), ("Why are snails so slow?", "Why is my laptop slow?")),
+    "Happy": (("Joyful", "Cheerful", "Glad"), ("What makes people happy?", "How can I stay happy at work?")),
+    "Sad": (("Unhappy", "Gloomy", "Downcast"), ("Why do sad songs feel good?", "How do I comfort a sad friend?")),
+    "Big": (("Large", "Huge", "Vast"), ("What is the biggest whale?", "How big is the Pacific Ocean?")),
+    "Small": (("Tiny", "Little", "Minute"), ("What is the smallest bird?", "How small can a computer chip be?")),
+    "Loud": (("Noisy", "Booming", "Deafening"), ("Why are concerts so loud?", "How loud is a jet engine?")),
+    "Quiet": (("Silent", "Hushed", "Calm"), ("Where is the quietest place on Earth?", "How do I keep a room quiet?")),
+    "Bright": (("Shiny", "Vivid", "Radiant"), ("Why is the sun so bright?", "What makes a colour bright?")),
+    "Dark": (("Dim", "Shadowy", "Murky"), ("Why is the deep sea dark?", "How do owls see in the dark?")),
+    "Old": (("Ancient", "Aged", "Elderly"), ("What is the oldest tree alive?", "How old is the universe?")),
+    "New": (("Fresh", "Modern", "Novel"), ("What is new in space research?", "How do I break in new shoes?")),
+    "Rich": (("Wealthy", "Affluent", "Prosperous"), ("How did old merchants get rich?", "What makes soil rich?")),
+    "Strong": (("Powerful", "Sturdy", "Robust"), ("What is the strongest metal?", "How do ants carry strong loads?")),
+    "Weak": (("Feeble", "Frail", "Fragile"), ("Why do muscles get weak?", "What makes a password weak?")),
+    "Wet": (("Damp", "Soaked", "Moist"), ("Why is the rainforest so wet?", "How do I dry wet shoes?")),
+    "Dry": (("Arid", "Parched", "Dehydrated"), ("Why is the Sahara so dry?", "How do cacti survive dry years?")),
+    "Angry": (("Furious", "Irate", "Cross"), ("Why do people get angry in traffic?", "How do I calm an angry dog?")),
+}
+
+
+def _value(synonym: str) -> int:
+    return sum(map(ord, synonym))  # what example_multi_step's get_synonym_value returns
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "name": "get_synonym_value",
+        "description": "Get the synonym value for a synonym.",
+        "parameters": {
+            "properties": {"synonym": {"type": "string", "description": "The synonym to get the value for."}},
+            "type": "object",
+            "required": ["synonym"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+    {
+        "type": "function",
+        "name": "extract_synonym_values",
+        "description": "Extract the synonym values you retrieved for the term that is relevant to the user query.",
+        "parameters": {
+            "properties": {
+                "synonym_values": {
+                    "items": {"type": "integer"},
+                    "type": "array",
+                    "description": "The synonym values corresponding to the term for the user query.",
+                }
+            },
+            "type": "object",
+            "required": ["synonym_values"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+]
+
+
+def row(rng: random.Random, index: int, n_terms: int) -> dict:
+    terms = rng.sample(sorted(TERMS), n_terms)
+    target = terms[0]
+    question = rng.choice(TERMS[target][1])
+    lines = []
+    for term in terms:
+        # the target keeps 1-2 synonyms (so its calls are few), the others 1-2 as distractors
+        for synonym in rng.sample(TERMS[term][0], rng.choice((1, 2))):
+            lines.append((term, synonym))
+    rng.shuffle(lines)
+    expected = [s for t, s in lines if t == target]
+    listing = "\n".join(f"The term '{t}' has a synonym '{s}'." for t, s in lines)
+    return {
+        "id": index,
+        "responses_create_params": {
+            "input": [{"role": "system", "content": SYSTEM + listing}, {"role": "user", "content": question}],
+            "tools": TOOLS,
+            "parallel_tool_calls": False,
+        },
+        "expected_synonyms": expected,
+        "expected_synonym_values": [_value(s) for s in expected],
+        "minefield_label": target,
+        "minefield_label_value": _value(target),
+        "agent_ref": {"name": AGENT},
+    }
+
+
+def make(n_train: int, n_val: int, seed: int, n_terms: int) -> tuple[list[dict], list[dict]]:
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out: list[dict] = []
+    while len(out) < n_val + n_train:
+        r = row(rng, len(out), n_terms)
+        key = json.dumps(r["responses_create_params"]["input"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out[n_val:], out[:n_val]
+
+
+def write(rows: list[dict], path: Path) -> None:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "data")
+    p.add_argument("--train", type=int, default=256)
+    p.add_argument("--val", type=int, default=64)
+    p.add_argument("--seed", type=int, default=2025)
+    p.add_argument("--terms", type=int, default=3, help="terms listed in each row's prompt (the first is asked)")
+    args = p.parse_args(argv)
+    train, val = make(args.train, args.val, args.seed, args.terms)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write(train, args.out / TRAIN_FILE)
+    write(val, args.out / VAL_FILE)
+    print(f"{len(train)} training rows -> {args.out / TRAIN_FILE}, {len(val)} validation rows -> {args.out / VAL_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

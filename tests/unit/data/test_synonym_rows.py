@@ -1,0 +1,52 @@
+"""The tool model's committed rows are exactly what ``scripts/make_synonym_rows.py`` generates (never hand-edited), in
+Gym's ``example_multi_step`` row format, with a validation split the training never sees and answers the
+environment's own tool would give."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from nemo_gym_adapter.data.rows import validate_row
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("make_synonym_rows", REPO / "scripts" / "make_synonym_rows.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_rows_are_the_generators_output(tmp_path):
+    script = _script()
+    assert script.main(["--out", str(tmp_path)]) == 0
+    for name in (script.TRAIN_FILE, script.VAL_FILE):
+        assert (tmp_path / name).read_bytes() == (REPO / "configs" / "data" / name).read_bytes(), name
+
+
+def test_validation_is_disjoint_and_every_row_is_solvable_by_the_tools():
+    script = _script()
+    train, val = script.make(256, 64, 2025, 3)
+    assert len(train) == 256 and len(val) == 64
+    key = lambda r: json.dumps(r["responses_create_params"]["input"], sort_keys=True)  # noqa: E731
+    assert not {key(r) for r in train} & {key(r) for r in val}
+    assert script.make(32, 64, 2025, 3)[1] == val  # the validation split does not move with the training size
+    synonyms = [s for term in script.TERMS.values() for s in term[0]]
+    assert len(synonyms) == len(set(synonyms))  # a synonym names one term: the expected list is unambiguous
+    for i, r in enumerate(train + val):
+        assert validate_row(r, f"row {i}") == "example_multi_step_simple_agent"
+        system, user = r["responses_create_params"]["input"]
+        listed = [line.split("'")[3] for line in system["content"].splitlines() if line.startswith("The term")]
+        target = r["minefield_label"]
+        assert r["expected_synonyms"] == [s for s in listed if s in script.TERMS[target][0]]
+        assert r["expected_synonym_values"] == [sum(map(ord, s)) for s in r["expected_synonyms"]]
+        assert user["content"] in script.TERMS[target][1]
+        assert r["agent_ref"]["name"] == "example_multi_step_simple_agent"
+        assert {t["name"] for t in r["responses_create_params"]["tools"]} == {
+            "get_synonym_value",
+            "extract_synonym_values",
+        }
