@@ -1,6 +1,7 @@
-"""verl's SGLang HTTP client with the run's key: both of its request paths carry ``Authorization`` once wrapped.
-Against a fake of verl's ``http_server_engine`` module (the names ``wrap`` touches; verl's real adapter against
-SGLang's real server is ``tests/sglang/ray_cases.py``, in the SGLang venv)."""
+"""verl's SGLang client and server with the run's key: both of the client's request paths carry ``Authorization``
+once wrapped, and the server installs the access guard before it launches. Against fakes of verl's modules (the names
+``wrap``/``wrap_server`` touch; verl's real adapter and server with SGLang's real app are ``tests/sglang/ray_cases.py``,
+in the SGLang venv)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,26 @@ def test_without_a_published_key_nothing_is_added(fake_engine, monkeypatch):
     verl_client.wrap(fake_engine)
     fake_engine.requests.get("http://h:1/health")
     assert fake_engine.requests._requests.calls[0][2]["headers"] == {}
+
+
+def test_the_server_is_guarded_before_it_launches(fake_engine, monkeypatch):
+    from nemo_gym_adapter.access import guard
+
+    seen = []
+
+    class FakeSGLangHttpServer:
+        async def launch_server(self, master_address=None, master_port=None):
+            seen.append((guard.is_guarded(), master_address))
+
+    module = types.ModuleType("fake_async_sglang_server")
+    module.SGLangHttpServer = FakeSGLangHttpServer
+    verl_client.wrap_server(module)
+    verl_client.wrap_server(module)  # idempotent
+    try:
+        asyncio.run(FakeSGLangHttpServer().launch_server("127.0.0.1"))
+        assert seen == [(True, "127.0.0.1")]  # the guard was in place when verl's launch ran
+    finally:
+        guard.remove_guard()
 
 
 def test_wrapping_waits_for_verls_module_to_be_imported(monkeypatch):
