@@ -1,23 +1,36 @@
-"""Preprocess latency of vLLM's chat render, unpatched vs patched with the token-ID splice (in-process, no engine).
+"""The token-ID patch's cost at agentic length: vLLM's chat render unpatched vs patched (in-process, no engine).
 
-Builds vLLM's own ``OnlineRenderer`` for a model (the object ``/v1/chat/completions`` and ``/tokenize`` render
-through) and times ``render_chat`` on a Gym-shaped conversation of N tool-call turns whose last assistant message
-carries ``prompt_token_ids``/``generation_token_ids`` (generations spelled in pieces, as a model produces them).
-Rounds interleave the variants so machine-load drift hits all of them alike; medians are reported:
+Builds vLLM's own ``OnlineRenderer`` for a tiny model (the object ``/v1/chat/completions`` and ``/tokenize`` render
+through) and times ``render_chat`` on long agentic conversations (``tests/support/agentic.py``: tool calls with JSON
+arguments, tool outputs of varied length, every assistant message carrying the ``prompt_token_ids`` /
+``generation_token_ids`` the patched server produced, as Gym sends them back). Rounds interleave the variants so
+machine-load drift hits all of them alike; medians are reported, with the load average before and after.
 
-- ``unpatched``: stock vLLM (the original method, re-installed for the sample);
-- ``patched``: the splice with the fast prefix render (what runs in production);
-- ``slow path``: the splice re-rendering the prefix through the hook (what the fast path avoids).
+1. Sizes (``--sizes``, default 8, 32 and 64 turns up to ~32k tokens): the last request of each conversation,
+   ``unpatched`` (stock vLLM: the original method re-installed for the sample), ``patched`` (the splice with the fast
+   prefix render, what runs in production) and, with ``--slow-path``, the splice re-rendering the prefix through the
+   hook. Each patched prompt is checked against the token math's own splice of the same conversation.
+2. Cost along one conversation (``--curve``, on the largest size): every few turns of the rollout, that request's
+   unpatched and patched render and the patch's own cost (the difference), with a least-squares fit ``a + b*N`` (N =
+   prompt tokens) and the exponent ``k`` of ``c*N**k`` (log-log fit): ``k`` near 1 is a cost linear in the
+   conversation. Also timed, outside the render and the same for both: parsing the request body as Gym sends it
+   (``json.loads`` + vLLM's request model), once with every assistant message's ids and once with only the last
+   one's (what a client that does not re-send earlier ids would cost; Gym #2663; the patched prompt is checked to
+   be the same for both).
 
-Goal: patched / unpatched <= 1.3 at 8 turns / ~8k tokens.
+Goal (issue 26): patched / unpatched <= 1.3 at 64 turns / 32k tokens, the per-request cost linear in length.
 
-    python benchmarks/bench_patch.py [--family qwen25|qwen3|llama3|all] [--turns 8] [--tokens 8000] [--rounds 15]
+    python benchmarks/bench_patch.py [--family qwen25|qwen3|llama3|all] [--sizes 8x8000,32x16000,64x32000]
+        [--rounds 15] [--curve] [--slow-path]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import math
+import os
 import statistics
 import sys
 import time
@@ -25,164 +38,260 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: tests/support is shared with tests
 
-from tests.support.conversations import TOOLS, piecewise  # noqa: E402
+from tests.support.agentic import agentic_conversation, render_ids  # noqa: E402
 
-WORDS = "weather city sunny Skinny rain cold hot temperature the a of Paris Oslo humidity wind".split()
+DEFAULT_SIZES = "8x8000,32x16000,64x32000"
+CURVE_POINTS = 12  # requests timed along the curve's conversation
 
 
-def conversation(tok, family: str, turns: int, target_tokens: int) -> list[dict]:
-    """``turns`` tool-call turns with tool results sized so the final prompt has about ``target_tokens`` tokens.
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
-    Each turn's ``prompt_token_ids`` is what the patched server fed the engine (the splice of the turn before), so the
-    history is one the in-place edit check accepts, as in a real rollout.
-    """
-    import random
 
-    from nemo_gym_adapter.tokens.splice import last_tokenized_assistant, splice_prompt
-    from nemo_gym_adapter.tokens.turn_template import turn_template_from_tokenizer
+class Bench:
+    """One family's vLLM renderer, patched and unpatched, and the token math that built its conversations."""
 
-    def render(msgs: list[dict], add_generation_prompt: bool) -> list[int]:
-        text = tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=add_generation_prompt)
-        return tok.encode(text, add_special_tokens=False)
+    def __init__(self, model_path: str, family: str) -> None:
+        os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # the tiny models say 16k; nothing runs them
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.renderers import renderer_from_config
+        from vllm.renderers.online_renderer import OnlineRenderer
 
-    template = turn_template_from_tokenizer(
-        tok, [tok.convert_tokens_to_ids("<|endoftext|>" if family != "llama3" else "<|end_of_text|>")]
-    )
-    rng = random.Random(0)
-    stop = tok.convert_tokens_to_ids("<|eot_id|>" if family == "llama3" else "<|im_end|>")
-    sample = " ".join(rng.choice(WORDS) for _ in range(400))
-    tokens_per_word = len(tok.encode(sample, add_special_tokens=False)) / 400
-    words_per_result = max(10, int((target_tokens / turns - 70) / tokens_per_word))
-    messages: list[dict] = [
-        {"role": "system", "content": "You are a weather bot."},
-        {"role": "user", "content": "What is the weather in Paris and Oslo, day by day?"},
+        from nemo_gym_adapter.tokens.anchor import find_anchor, splice_request
+        from nemo_gym_adapter.vllm import hooks as vllm_hooks
+        from nemo_gym_adapter.vllm import patch as vllm_patch
+
+        config = EngineArgs(model=model_path, max_model_len=65536, enforce_eager=True).create_engine_config()
+        self.family = family
+        self.online = OnlineRenderer(
+            config.model_config,
+            renderer_from_config(config),
+            request_logger=None,
+            chat_template=None,
+            chat_template_content_format="auto",
+            # As Gym's servers run it: tool calls parsed, so the parser's adjust_request is part of the render.
+            enable_auto_tools=True,
+            tool_parser="llama3_json" if family == "llama3" else "hermes",
+        )
+        self.tok = self.online.renderer.tokenizer
+        self.report = vllm_patch.apply_patch()
+        self.cls = OnlineRenderer
+        self.patched = OnlineRenderer.preprocess_chat
+        self.original = self.patched.__ngv_original__
+        self.hooks = vllm_hooks
+        self.fast_prefix = vllm_hooks.fast_prefix_ids
+        template, same_text = vllm_hooks._turn_template(self.online, None)
+
+        def splice(messages: list[dict], full: list[int]) -> list[int]:
+            """The token math's splice of a request (what the patched server builds), on the HF render."""
+            anchor = find_anchor(messages, None)
+            prefix = render_ids(self.tok, messages[: anchor.index + 1], False)
+            return splice_request(
+                anchor, messages, prefix, full, template, decode=None, assistant_edits="keep_ids", same_text=same_text
+            )
+
+        self.splice = splice
+
+    def conversation(self, turns: int, tokens: int):
+        return agentic_conversation(self.tok, self.family, turns, tokens, splice=self.splice)
+
+    def request(self, messages: list[dict], tools: list[dict]):
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        body = {"model": "m", "messages": messages, "tools": tools, "max_tokens": 64, "return_token_ids": True}
+        return ChatCompletionRequest.model_validate(body)
+
+    async def time_variants(self, messages: list[dict], tools: list[dict], rounds: int, slow: bool) -> dict:
+        """Median render_chat time (ms) per variant over ``rounds`` interleaved rounds (2 warm-up rounds first), and
+        each variant's prompt length."""
+
+        async def no_fast_path(*args, **kwargs):
+            return None
+
+        variants = {"unpatched": (self.original, self.fast_prefix), "patched": (self.patched, self.fast_prefix)}
+        if slow:
+            variants["slow path"] = (self.patched, no_fast_path)
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        prompts: dict[str, list[int]] = {}
+        try:
+            for i in range(rounds + 2):
+                for name, (method, prefix_fn) in variants.items():
+                    self.cls.preprocess_chat = method
+                    self.hooks.fast_prefix_ids = prefix_fn
+                    req = self.request(messages, tools)
+                    t0 = time.perf_counter()
+                    result = await self.online.render_chat(req)
+                    elapsed = time.perf_counter() - t0
+                    if not isinstance(result, tuple):
+                        raise RuntimeError(f"{name} render failed: {result}")
+                    if i >= 2:
+                        samples[name].append(elapsed)
+                    prompts[name] = result[1][0]["prompt_token_ids"]
+        finally:
+            self.cls.preprocess_chat = self.patched
+            self.hooks.fast_prefix_ids = self.fast_prefix
+        out = {name: statistics.median(v) * 1e3 if v else math.nan for name, v in samples.items()}
+        out["prompts"] = prompts
+        return out
+
+    def time_parse(self, messages: list[dict], tools: list[dict], rounds: int) -> tuple[float, float]:
+        """Median ms to parse the request body (json.loads + vLLM's request model): as Gym sends it (every assistant
+        message with its ids), and with only the last assistant message's ids (:func:`lean`)."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        times = []
+        for msgs in (messages, lean(messages)):
+            raw = json.dumps({"model": "m", "messages": msgs, "tools": tools, "max_tokens": 64})
+            runs = []
+            for _ in range(max(3, rounds // 3)):
+                t0 = time.perf_counter()
+                ChatCompletionRequest.model_validate(json.loads(raw))
+                runs.append(time.perf_counter() - t0)
+            times.append(statistics.median(runs) * 1e3)
+        return times[0], times[1]
+
+
+def lean(messages: list[dict]) -> list[dict]:
+    """``messages`` with token ids on the last assistant message only (earlier ones without ids and log-probs)."""
+    last = max((i for i, m in enumerate(messages) if "prompt_token_ids" in m), default=-1)
+    id_keys = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+    return [
+        m if i == last or "prompt_token_ids" not in m else {k: v for k, v in m.items() if k not in id_keys}
+        for i, m in enumerate(messages)
     ]
-    for turn in range(turns):
-        prompt = render(messages, True)
-        found = last_tokenized_assistant(messages)
-        if found is not None:
-            k, model_prefix = found
-            prompt = splice_prompt(model_prefix, render(messages[: k + 1], False), prompt, template)
-        call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-        spoken = f"<tool_call>\n{call}\n</tool_call>" if family != "llama3" else call
-        generation = piecewise(tok, spoken) + [stop]
-        messages.append(
+
+
+async def sizes(bench: Bench, plan: list[tuple[int, int]], rounds: int, slow: bool) -> list[dict]:
+    rows = []
+    for turns, tokens in plan:
+        conv = bench.conversation(turns, tokens)
+        load_before = _load()
+        timed = await bench.time_variants(conv.messages, conv.tools, rounds, slow)
+        expected = bench.splice(conv.messages, render_ids(bench.tok, conv.messages, True))
+        if timed["prompts"]["patched"] != expected:
+            raise RuntimeError(f"{bench.family} {turns} turns: the patched prompt is not the token math's splice")
+        rows.append(
             {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": f"call_{turn}",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                    }
-                ],
-                "prompt_token_ids": prompt,
-                "generation_token_ids": generation,
-                "generation_log_probs": [-0.5] * len(generation),
+                "turns": turns,
+                "messages": len(conv.messages),
+                "tokens": len(timed["prompts"]["patched"]),
+                **{k: v for k, v in timed.items() if k != "prompts"},
+                "load": f"{load_before} -> {_load()}",
             }
         )
-        result = " ".join(rng.choice(WORDS) for _ in range(words_per_result))
-        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": result})
-    return messages
+        print_size_row(bench.family, rows[-1], slow, header=len(rows) == 1)
+    return rows
 
 
-async def bench(model_path: str, family: str, turns: int, target_tokens: int, rounds: int) -> dict:
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-    from vllm.renderers import renderer_from_config
-    from vllm.renderers.online_renderer import OnlineRenderer
-
-    from nemo_gym_adapter.vllm import hooks as vllm_hooks
-    from nemo_gym_adapter.vllm import patch as vllm_patch
-
-    config = EngineArgs(model=model_path, max_model_len=16384, enforce_eager=True).create_engine_config()
-    online = OnlineRenderer(
-        config.model_config,
-        renderer_from_config(config),
-        request_logger=None,
-        chat_template=None,
-        chat_template_content_format="auto",
-        # As Gym's servers run it: tool calls parsed, so the parser's adjust_request is part of the render.
-        enable_auto_tools=True,
-        tool_parser="llama3_json" if family == "llama3" else "hermes",
+async def curve(bench: Bench, turns: int, tokens: int, rounds: int) -> list[dict]:
+    """Per-request cost along one ``turns``-call conversation: requests spread over the rollout."""
+    conv = bench.conversation(turns, tokens)
+    requests = conv.requests[1:]  # the first request carries no ids: nothing to splice
+    picks = sorted({round(i * (len(requests) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)})
+    points = []
+    print(f"\n{bench.family}: cost per request along one {turns}-call conversation (load {_load()})")
+    print(
+        f"{'call':>5} {'msgs':>5} {'tokens':>7} {'unpatched':>10} {'patched':>9} {'ratio':>6} {'patch':>8}"
+        f" {'parse, all ids':>15} {'last ids only':>14}"
     )
-    messages = conversation(online.renderer.tokenizer, family, turns, target_tokens)
-
-    def request():
-        return ChatCompletionRequest.model_validate(
-            {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 64, "return_token_ids": True}
+    for pick in picks:
+        messages = requests[pick]
+        timed = await bench.time_variants(messages, conv.tools, rounds, slow=False)
+        parse_all, parse_last = bench.time_parse(messages, conv.tools, rounds)
+        # The patch reads earlier calls' ids only for their lengths: ids on the last call alone give the same prompt.
+        alone = await bench.time_variants(lean(messages), conv.tools, 0, slow=False)
+        if alone["prompts"]["patched"] != timed["prompts"]["patched"]:
+            raise RuntimeError(f"call {pick + 2}: ids on the last call alone give another prompt")
+        p = {
+            "call": pick + 2,
+            "messages": len(messages),
+            "tokens": len(timed["prompts"]["patched"]),
+            "unpatched": timed["unpatched"],
+            "patched": timed["patched"],
+            "patch": timed["patched"] - timed["unpatched"],
+            "parse_all": parse_all,
+            "parse_last": parse_last,
+        }
+        points.append(p)
+        print(
+            f"{p['call']:5d} {p['messages']:5d} {p['tokens']:7d} {p['unpatched']:8.1f}ms {p['patched']:7.1f}ms"
+            f" {p['patched'] / p['unpatched']:5.2f}x {p['patch']:6.1f}ms {parse_all:13.1f}ms {parse_last:12.1f}ms"
         )
+    print(f"load after: {_load()}")
+    print("\nfit over the curve (N = prompt tokens): t = a + b*N (R^2), and k of t = c*N**k (log-log, N >= 2k)")
+    for key in ("unpatched", "patched", "patch", "parse_all", "parse_last"):
+        xs = [p["tokens"] for p in points]
+        ys = [p[key] for p in points]
+        a, b, r2 = linear_fit(xs, ys)
+        k = loglog_slope([(x, y) for x, y in zip(xs, ys, strict=True) if x >= 2000 and y > 0])
+        print(f"  {key:10} a={a:7.2f}ms  b={b * 1e3:7.3f}ms/1k tokens  R^2={r2:.3f}  k={k:.2f}")
+    return points
 
-    report = vllm_patch.apply_patch()
-    patched = OnlineRenderer.preprocess_chat
-    original = patched.__ngv_original__
-    fast_prefix = vllm_hooks.fast_prefix_ids
 
-    async def no_fast_path(*args, **kwargs):
-        return None
+async def run_family(bench: Bench, plan: list[tuple[int, int]], args: argparse.Namespace) -> None:
+    await sizes(bench, plan, args.rounds, args.slow_path)
+    if args.curve:
+        await curve(bench, *max(plan), args.rounds)
 
-    variants = {
-        "unpatched": (original, fast_prefix),
-        "patched": (patched, fast_prefix),
-        "slow path": (patched, no_fast_path),
-    }
-    samples: dict[str, list[float]] = {name: [] for name in variants}
-    lengths: dict[str, int] = {}
-    for i in range(rounds + 2):  # two warm-up rounds
-        for name, (method, prefix_fn) in variants.items():
-            OnlineRenderer.preprocess_chat = method
-            vllm_hooks.fast_prefix_ids = prefix_fn
-            req = request()
-            t0 = time.perf_counter()
-            result = await online.render_chat(req)
-            if not isinstance(result, tuple):
-                raise RuntimeError(f"{name} render failed: {result}")
-            _, (engine_input,) = result
-            elapsed = time.perf_counter() - t0
-            if i >= 2:
-                samples[name].append(elapsed)
-            lengths[name] = len(engine_input["prompt_token_ids"])
-    OnlineRenderer.preprocess_chat = patched
-    vllm_hooks.fast_prefix_ids = fast_prefix
-    median = {name: statistics.median(v) * 1e3 for name, v in samples.items()}
-    return {
-        "family": family,
-        "vllm": report.vllm_version,
-        "turns": turns,
-        "prompt_tokens": lengths["patched"],
-        "unpatched_ms": median["unpatched"],
-        "patched_ms": median["patched"],
-        "ratio": median["patched"] / median["unpatched"],
-        "slow_path_ms": median["slow path"],
-        "slow_ratio": median["slow path"] / median["unpatched"],
-    }
+
+def linear_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least squares ``y = a + b*x``: (a, b, R^2)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    a = my - b * mx
+    ss_res = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    ss_tot = sum((y - my) ** 2 for y in ys)
+    return a, b, 1 - ss_res / ss_tot if ss_tot else 1.0
+
+
+def loglog_slope(points: list[tuple[float, float]]) -> float:
+    if len(points) < 2:
+        return float("nan")
+    return linear_fit([math.log(x) for x, _ in points], [math.log(y) for _, y in points])[1]
+
+
+def print_size_row(family: str, r: dict, slow: bool, header: bool) -> None:
+    if header:
+        extra = f" {'slow path':>10} {'ratio':>6}" if slow else ""
+        print(
+            f"\n{'family':8} {'turns':>5} {'msgs':>5} {'tokens':>7} {'unpatched':>10} {'patched':>9} {'ratio':>6}{extra}  load"
+        )
+    extra = f" {r['slow path']:8.1f}ms {r['slow path'] / r['unpatched']:5.2f}x" if slow else ""
+    print(
+        f"{family:8} {r['turns']:5d} {r['messages']:5d} {r['tokens']:7d} {r['unpatched']:8.1f}ms {r['patched']:7.1f}ms"
+        f" {r['patched'] / r['unpatched']:5.2f}x{extra}  {r['load']}"
+    )
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        turns, _, tokens = item.partition("x")
+        out.append((int(turns), int(tokens)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="qwen25", choices=("qwen25", "qwen3", "llama3", "all"))
     parser.add_argument("--model", default=None, help="model directory (default: the tiny model of --family)")
-    parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=8000, help="approximate final prompt length")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help="TURNSxTOKENS,...: conversations to time")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--curve", action="store_true", help="also time requests along the largest conversation")
+    parser.add_argument("--slow-path", action="store_true", help="also time the splice without the fast prefix")
     args = parser.parse_args(argv)
     from nemo_gym_adapter.demo_models import build_tiny_model
 
+    plan = parse_sizes(args.sizes)
     families = ("qwen25", "qwen3", "llama3") if args.family == "all" else (args.family,)
-    rows = []
+    print(f"load before: {_load()}; {args.rounds} interleaved rounds per figure, medians")
     for family in families:
-        path = args.model or str(build_tiny_model(family))
-        rows.append(asyncio.run(bench(path, family, args.turns, args.tokens, args.rounds)))
-    print(f"\nrender_chat latency, median of {args.rounds} interleaved rounds (in-process, vLLM {rows[0]['vllm']})")
-    print(
-        f"{'family':8} {'turns':>5} {'tokens':>7} {'unpatched':>10} {'patched':>9} {'ratio':>6} {'slow path':>10} {'ratio':>6}"
-    )
-    for r in rows:
-        print(
-            f"{r['family']:8} {r['turns']:5d} {r['prompt_tokens']:7d} {r['unpatched_ms']:8.1f}ms {r['patched_ms']:7.1f}ms"
-            f" {r['ratio']:5.2f}x {r['slow_path_ms']:8.1f}ms {r['slow_ratio']:5.2f}x"
-        )
+        bench = Bench(args.model or str(build_tiny_model(family)), family)
+        print(f"render_chat, in-process, vLLM {bench.report.vllm_version}")
+        asyncio.run(run_family(bench, plan, args))
+    print(f"load after: {_load()}")
     return 0
 
 

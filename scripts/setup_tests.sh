@@ -45,7 +45,7 @@ fi
 if [ "${NGV_SKIP_DEMO_MODELS:-${NGV_SKIP_SMOLLM2:-0}}" = "1" ]; then
   say "NGV_SKIP_DEMO_MODELS=1: not converting the demo models (the real-model tests convert them on first use)"
 else
-  for model in smollm2; do  # the tool model joins when its e2e lands
+  for model in smollm2; do  # the tool model's tests need a bigger node (docs/BENCHMARKS.md): converted on first use
     say "demo model $model: $(.venv/bin/python -m nemo_gym_adapter.demo_models.converter "$model")"
   done
 fi

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_adapter import paths
-from nemo_gym_adapter.demo_models.manifests import MANIFESTS, Manifest, manifest
+from nemo_gym_adapter.demo_models.manifests import MANIFESTS, Manifest, content_key, manifest, special_ids
 from nemo_gym_adapter.errors import SetupError
 
 MODULE = "nemo_gym_adapter.demo_models.converter"  # what the child process runs (``__name__`` is __main__ there)
@@ -75,13 +75,6 @@ def lib_versions() -> dict[str, str]:
     return out
 
 
-def content_key(m: Manifest, libs: Mapping[str, str]) -> str:
-    """What determines the converted bytes: the pinned GGUF, the manifest's version and the libraries' versions."""
-    payload = {"gguf_sha256": m.gguf_sha256, "converter": m.version}
-    payload["libs"] = {k: v for k, v in sorted(libs.items()) if k != "gguf"}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
 def is_complete(m: Manifest, model_dir: Path, libs: Mapping[str, str] | None = None) -> bool:
     """True when ``model_dir`` holds a finished conversion of ``m`` made with these libraries."""
     try:
@@ -90,16 +83,6 @@ def is_complete(m: Manifest, model_dir: Path, libs: Mapping[str, str] | None = N
         return False
     key = content_key(m, lib_versions() if libs is None else libs)
     return stamp.get("content_key") == key and all((model_dir / f).is_file() for f in stamp.get("files", {}))
-
-
-def special_ids(m: Manifest, vocab: Mapping[str, int], gguf_bos: int | None) -> dict[str, Any]:
-    """The ids the config and generation config name: the manifest's tokens looked up in the vocabulary; ``bos`` is
-    the GGUF's (Qwen's config names one though its tokenizer adds none); generation stops at every ``generation_eos``."""
-    ids: dict[str, Any] = {k: vocab[t] for k, t in m.tokens.items() if t is not None}
-    ids["bos"] = ids.get("bos", gguf_bos)
-    stops = [vocab[t] for t in m.generation_eos]
-    ids["generation_eos"] = stops[0] if len(stops) == 1 else stops
-    return ids
 
 
 def _sha256(path: Path) -> str:

@@ -17,7 +17,11 @@ The two shipped:
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from nemo_gym_adapter.errors import AdapterConfigError
 
@@ -163,3 +167,20 @@ def manifest(name: str) -> Manifest:
         return MANIFESTS[name]
     except KeyError:
         raise AdapterConfigError(f"unknown demo model {name!r}; known: {sorted(MANIFESTS)}") from None
+
+
+def content_key(m: Manifest, libs: Mapping[str, str]) -> str:
+    """What determines the converted bytes: the pinned GGUF, the manifest's version and the libraries' versions."""
+    payload = {"gguf_sha256": m.gguf_sha256, "converter": m.version}
+    payload["libs"] = {k: v for k, v in sorted(libs.items()) if k != "gguf"}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def special_ids(m: Manifest, vocab: Mapping[str, int], gguf_bos: int | None) -> dict[str, Any]:
+    """The ids the config and generation config name: the manifest's tokens looked up in the vocabulary; ``bos`` is
+    the GGUF's (Qwen's config names one though its tokenizer adds none); generation stops at every ``generation_eos``."""
+    ids: dict[str, Any] = {k: vocab[t] for k, t in m.tokens.items() if t is not None}
+    ids["bos"] = ids.get("bos", gguf_bos)
+    stops = [vocab[t] for t in m.generation_eos]
+    ids["generation_eos"] = stops[0] if len(stops) == 1 else stops
+    return ids

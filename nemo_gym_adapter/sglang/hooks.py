@@ -38,8 +38,9 @@ from nemo_gym_adapter.errors import TokenAlignmentError
 from nemo_gym_adapter.sglang.request_ids import CURRENT, SENTINEL, RequestIds
 from nemo_gym_adapter.tokens.anchor import REQUIRED_PREFIX_KEY, SPLICE_ERROR, splice_request
 from nemo_gym_adapter.tokens.budget import check_budget, clamp_output_budget
-from nemo_gym_adapter.tokens.prefix_reuse import prefix_ids_by_segments, stop_texts_for
+from nemo_gym_adapter.tokens.prefix_reuse import prefix_render_by_segments, stop_texts_for
 from nemo_gym_adapter.tokens.same_text import SameText
+from nemo_gym_adapter.tokens.stops import Stops
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate, turn_template_from_tokenizer
 
 # Process-wide options (the patch itself is process-wide): set by sglang.patch.apply_patch, read per request.
@@ -120,15 +121,16 @@ def _splice(serving: Any, request: Any, result: Any, recorder: _RecordingTokeniz
         )
     template, same_text = _templates_of(serving)
     tokenizer = recorder._tokenizer
-    full_ids = list(result.prompt_ids)
+    # The full render's turn ends, found once: the prefix reuse and the splice both work on them.
+    full = Stops.of(list(result.prompt_ids), template.stop_ids)
     prefix_ids = None  # the required prefix alone (anchor.index -1): no assistant message to render through
     if ids.anchor.renders_prefix:
-        prefix_ids = _prefix_ids(tokenizer, conversation, kwargs, ids.anchor.index, full_ids, template)
+        prefix_ids = _prefix_ids(tokenizer, conversation, kwargs, ids.anchor.index, full, template)
     return splice_request(
         ids.anchor,
         ids.messages,
         prefix_ids,
-        full_ids,
+        full,
         template,
         decode=tokenizer.decode,
         assistant_edits=OPTIONS["assistant_edits"],
@@ -151,8 +153,8 @@ def _refuse_other_renderers(serving: Any, is_multimodal: bool, ids: RequestIds) 
 
 
 def _prefix_ids(
-    tokenizer: Any, conversation: list, kwargs: dict, index: int, full_ids: list[int], template: TurnTemplate
-) -> list[int]:
+    tokenizer: Any, conversation: list, kwargs: dict, index: int, full: Stops, template: TurnTemplate
+) -> Stops | list[int]:
     """``conversation[:index+1]`` rendered without a generation prompt, with SGLang's own template input and kwargs.
 
     Fast path (:data:`OPTIONS` ``fast_prefix``): the full and the prefix text rendered (Jinja only) and the full
@@ -167,8 +169,8 @@ def _prefix_ids(
                 conversation[: index + 1], **{**prefix_kwargs, "tokenize": False}
             )
             if isinstance(full_text, str) and isinstance(prefix_text, str):
-                fast = prefix_ids_by_segments(
-                    prefix_text, full_text, full_ids, stops, lambda s: tokenizer.encode(s, add_special_tokens=False)
+                fast = prefix_render_by_segments(
+                    prefix_text, full_text, full, stops, lambda s: tokenizer.encode(s, add_special_tokens=False)
                 )
                 if fast is not None:
                     return fast

@@ -29,6 +29,7 @@ from nemo_gym_adapter.tokens.required_prefix import KEY as REQUIRED_PREFIX_KEY  
 from nemo_gym_adapter.tokens.required_prefix import splice_required_prefix
 from nemo_gym_adapter.tokens.same_text import SameText
 from nemo_gym_adapter.tokens.splice import check_token_ids, last_tokenized_assistant, splice_prompt, turn_history
+from nemo_gym_adapter.tokens.stops import Stops
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate
 
 SPLICE_ERROR = "nemo-gym-verl token splice"  # how every splice refusal (an HTTP 400) starts
@@ -90,8 +91,8 @@ def role_of(message: Any) -> Any:
 def splice_request(
     anchor: Anchor,
     messages: Sequence[Mapping[str, Any]],
-    prefix_ids: list[int] | None,
-    full_ids: list[int],
+    prefix_ids: list[int] | Stops | None,
+    full_ids: list[int] | Stops,
     template: TurnTemplate,
     *,
     decode: Callable[[list[int]], str] | None,
@@ -100,13 +101,16 @@ def splice_request(
 ) -> list[int]:
     """The prompt for a request anchored at ``anchor``: ``prefix_ids`` is ``messages[:anchor.index+1]`` rendered
     without a generation prompt (None when ``anchor.renders_prefix`` is false), ``full_ids`` the whole request as the
-    engine rendered it (see :func:`~nemo_gym_adapter.tokens.splice.splice_prompt`). ``messages`` are the request's
+    engine rendered it (see :func:`~nemo_gym_adapter.tokens.splice.splice_prompt`); either may come as
+    :class:`~nemo_gym_adapter.tokens.stops.Stops` of the template's stop ids, so their turn ends are found once per
+    request. ``messages`` are the request's
     messages with their ids (the history check reads them). ``same_text``: the tokenizer's exact text comparison
     (:meth:`SameText.for_tokenizer`): a history unit spelled in other tokens than the render is kept, not refused;
     None: any difference is an edit. Raises ``TokenAlignmentError`` (an edited history, a turn-count mismatch, a
     required prefix the spliced prompt does not start with or that does not spell the conversation)."""
     if not anchor.renders_prefix:  # the required prefix alone: no assistant message to render a prefix through
-        prompt = splice_required_prefix(anchor.model_prefix, full_ids, template, same_text=same_text)
+        full = full_ids.ids if isinstance(full_ids, Stops) else full_ids
+        prompt = splice_required_prefix(anchor.model_prefix, full, template, same_text=same_text)
     else:
         if prefix_ids is None:
             raise ValueError("splice_request: prefix_ids is required for an anchor at an assistant message")

@@ -14,7 +14,8 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from nemo_gym_adapter.errors import TokenAlignmentError
-from nemo_gym_adapter.tokens.history_check import Decode, TurnHistory
+from nemo_gym_adapter.tokens.model_turns import TurnHistory
+from nemo_gym_adapter.tokens.same_text import Decode
 
 
 def check_assistant_texts(history: TurnHistory, decode: Decode, stop_ids: Collection[int]) -> None:

@@ -17,8 +17,9 @@ Each ``S_j`` must equal its counterpart in ``X`` token for token, except inside 
 turn end: the generation prompt, which the history writes as the assistant header followed by the message body, maybe
 tokenized differently at the seam). Between spans, ``X`` skips the assistant body to its turn end. A difference
 anywhere else is an edit (or a template that now renders the history differently) and raises ``TokenAlignmentError``
-naming the message and showing both texts. One slice comparison per span, bisect lookups in precomputed stop
-positions: linear in the prompt length; the binary search for the first difference runs only where spans differ.
+naming the message and showing both texts (:mod:`edit_report`). One slice comparison per span, bisect lookups in
+stop positions found once per sequence (:class:`~nemo_gym_adapter.tokens.stops.Stops`): linear in the prompt length
+and in the number of turns; the binary search for the first difference runs only where spans differ.
 
 Legitimate differences and why they pass: retokenized generations, re-rendered tool calls and stripped reasoning are
 inside ``G_j``/the assistant body, never compared; a generation ending in another stop id (Qwen's ``<|endoftext|>``,
@@ -48,104 +49,13 @@ the ``refuse`` policy's business (:mod:`assistant_texts`).
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Collection
 
 from nemo_gym_adapter.errors import TokenAlignmentError
-from nemo_gym_adapter.tokens.same_text import Decode, SameText
-
-_SHOW = 16  # tokens of context on each side of a difference in error messages
-
-
-@dataclass(frozen=True)
-class ModelTurn:
-    """An assistant message carrying ids: its message ``index``, where its generation starts in the model prefix
-    (``start`` = ``len(prompt_token_ids)``) and the ``generation`` ids themselves."""
-
-    index: int
-    start: int
-    generation: Sequence[int]
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.generation)
-
-
-@dataclass(frozen=True)
-class TurnHistory:
-    """What the messages through the splice anchor say about the model prefix (built by ``splice.turn_history``).
-
-    ``turns``: assistant messages carrying ids, in order, the anchor last. ``unmarked``: assistant messages without
-    ids before the anchor. ``spelled``: per assistant message index, how many stop-token texts its strings contain
-    (an upper bound of the extra turn ends its rendering may hold). ``messages``: for error messages only.
-    """
-
-    turns: tuple[ModelTurn, ...]
-    unmarked: tuple[int, ...] = ()
-    spelled: Mapping[int, int] = field(default_factory=dict)
-    messages: Sequence[Any] = ()
-
-    @property
-    def anchor(self) -> ModelTurn:
-        return self.turns[-1]
-
-    @property
-    def spelled_total(self) -> int:
-        return sum(self.spelled.values())
-
-
-class Divergence(Exception):
-    """Internal: the walk found a difference it cannot explain (positions in M and X, the span's message range)."""
-
-    def __init__(self, m: int, x: int, span: tuple[int, int], x_span_start: int, why: str = "") -> None:
-        super().__init__(why)
-        self.m, self.x, self.span, self.x_span_start, self.why = m, x, span, x_span_start, why
-
-
-@dataclass(frozen=True)
-class Stops:
-    """A token sequence with the sorted positions of its stop ids (``splice.stop_positions``)."""
-
-    ids: list[int]
-    at: list[int]
-
-    def first_from(self, pos: int) -> int:
-        """Index into ``at`` of the first stop at or after ``pos``."""
-        return bisect_left(self.at, pos)
-
-    def last_before(self, pos: int, floor: int) -> int:
-        """Position of the last stop in ``[floor, pos)``, or -1."""
-        i = bisect_left(self.at, pos) - 1
-        return self.at[i] if i >= 0 and self.at[i] >= floor else -1
-
-
-def check_structure(model_prefix: list[int], history: TurnHistory) -> None:
-    """Each tokenized turn's generation must sit where its own ``prompt_token_ids`` length puts it in the model prefix.
-
-    Gym sends every model call's ids back on its message, and each later prompt starts with every earlier prompt +
-    generation, so this holds for any history built by the patched server. Cost: the generations' lengths.
-    """
-    turns = history.turns
-    if turns[-1].end != len(model_prefix):
-        raise TokenAlignmentError("internal: the splice anchor is not the last turn of its history")
-    previous_end = 0
-    for turn in turns[:-1]:
-        where = f"messages[{turn.index}]"
-        if turn.start < previous_end or turn.end > turns[-1].start:
-            raise TokenAlignmentError(
-                f"{where}: its prompt_token_ids ({turn.start} ids) and generation_token_ids ({len(turn.generation)}) "
-                f"do not fit in front of the later turns (the next generation starts at {turns[-1].start}): the "
-                "token ids on the assistant messages do not belong to one history"
-            )
-        if model_prefix[turn.start : turn.end] != list(turn.generation):
-            raise TokenAlignmentError(
-                f"{where}.generation_token_ids are not at position {turn.start} of messages[{turns[-1].index}]."
-                "prompt_token_ids, where the model generated them: the history was not built by the patched server "
-                "from these messages (ids copied from another conversation, or an earlier turn served unpatched)"
-            )
-        previous_end = turn.end
+from nemo_gym_adapter.tokens.edit_report import Divergence
+from nemo_gym_adapter.tokens.model_turns import TurnHistory
+from nemo_gym_adapter.tokens.same_text import SameText
+from nemo_gym_adapter.tokens.stops import Stops, first_difference
 
 
 def walk(
@@ -163,8 +73,9 @@ def walk(
     m = x = 0
     first_message = 0
     ends: list[int] = []
+    spans = _unmarked_per_span(history)  # one pass, not one per turn: linear in the number of turns too
     for j, turn in enumerate(history.turns):
-        unmarked = [i for i in history.unmarked if first_message <= i < turn.index]
+        unmarked = spans[j]
         spelled = sum(history.spelled.get(i, 0) for i in unmarked)
         span = (first_message, turn.index)
         tolerate = len(unmarked) if tolerate_unmarked else 0
@@ -179,6 +90,18 @@ def walk(
         ends.append(end)
         m, x, first_message = turn.end, end + resume, turn.index + 1
     raise TokenAlignmentError("internal: empty turn history")
+
+
+def _unmarked_per_span(history: TurnHistory) -> list[list[int]]:
+    """The id-less assistant messages of each span (between one tokenized turn and the next), in one pass."""
+    out: list[list[int]] = [[] for _ in history.turns]
+    j = 0
+    for i in sorted(history.unmarked):
+        while j < len(history.turns) and history.turns[j].index < i:
+            j += 1
+        if j < len(history.turns):  # after the anchor: not in any span
+            out[j].append(i)
+    return out
 
 
 def anchor_end(rendered: Stops, body_start: int, history: TurnHistory) -> tuple[int, int]:
@@ -320,86 +243,3 @@ def _turn_end(
         if rendered.ids[c + resume : c + resume + width] == want:
             return c
     return candidates[0]
-
-
-def first_difference(a: list[int], i: int, b: list[int], j: int, n: int) -> int:
-    """Smallest ``d <= n`` with ``a[i + d] != b[j + d]`` (``b`` may end first). Slice comparisons halve the range:
-    O(n) element comparisons in C, no Python loop over tokens."""
-    n = max(0, min(n, len(b) - j))
-    lo, hi = 0, n
-    if a[i : i + n] == b[j : j + n]:
-        return n
-    while hi - lo > 16:
-        mid = (lo + hi) // 2
-        if a[i + lo : i + mid] == b[j + lo : j + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return next((d for d in range(lo, hi) if a[i + d] != b[j + d]), hi)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# error messages (error path only: decoding is fine here)
-
-
-def edit_error(div: Divergence, model: Stops, rendered: Stops, history: TurnHistory, decode: Decode | None) -> str:
-    """A ``TokenAlignmentError`` message naming the edited message and showing both texts around the difference."""
-    index = _name_message(div, rendered, history, decode)
-    role = _role(history.messages[index]) if 0 <= index < len(history.messages) else None
-    who = f"messages[{index}] ({role})" if index >= 0 else "the template text"
-    why = f" ({div.why})" if div.why else ""
-    return (
-        f"{who} differs from what the model saw{why}: it was edited in place after the model's turn, or the chat "
-        "template now renders the history differently (tools or system prompt changed between turns). The splice "
-        "keeps the model's own tokens for the history, so the change would be silently lost; send the history as "
-        f"the model saw it, or start a new rollout. First difference: model prefix [{div.m}] {_show(model.ids, div.m, decode)}"
-        f" vs history render [{div.x}] {_show(rendered.ids, div.x, decode)}"
-    )
-
-
-def _show(ids: list[int], at: int, decode: Decode | None) -> str:
-    before, after = ids[max(0, at - _SHOW) : at], ids[at : at + _SHOW]
-    if decode is None:
-        return f"ids {before} | {after}"
-    return f"{decode(before)!r} | {decode(after)!r}"
-
-
-def _name_message(div: Divergence, rendered: Stops, history: TurnHistory, decode: Decode | None) -> int:
-    """The message the difference lies in: the last message of the span whose (current) text starts at or before it
-    in the decoded history render; without a decoder, the span's n-th message for the n-th unit."""
-    lo, hi = div.span
-    if hi <= lo:
-        return -1
-    if decode is not None and history.messages:
-        end_i = rendered.first_from(div.x)
-        end = rendered.at[end_i] + 1 if end_i < len(rendered.at) else len(rendered.ids)
-        text = decode(rendered.ids[div.x_span_start : end])
-        offset = len(decode(rendered.ids[div.x_span_start : div.x]))
-        found, cursor = -1, 0
-        for i in range(lo, hi):
-            said = next(iter(_texts(history.messages[i])), "").strip()
-            at = text.find(said, cursor) if said else -1
-            if at < 0:
-                continue
-            if at > offset:
-                break
-            found, cursor = i, at + len(said)
-        if found >= 0:
-            return found
-    units = rendered.first_from(div.x) - rendered.first_from(div.x_span_start)
-    return min(lo + units, hi - 1)
-
-
-def _role(message: Any) -> Any:
-    return message.get("role") if isinstance(message, Mapping) else getattr(message, "role", None)
-
-
-def _texts(message: Any) -> Iterator[str]:
-    """The message's content text(s), in order."""
-    content = message.get("content") if isinstance(message, Mapping) else None
-    if isinstance(content, str):
-        yield content
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                yield part["text"]

@@ -28,9 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from nemo_gym_adapter.errors import TokenAlignmentError
-from nemo_gym_adapter.tokens.history_check import first_difference
 from nemo_gym_adapter.tokens.same_text import SameText
-from nemo_gym_adapter.tokens.splice import stop_positions
+from nemo_gym_adapter.tokens.stops import first_difference, stop_positions
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate
 
 KEY = "required_prefix_token_ids"

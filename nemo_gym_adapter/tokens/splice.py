@@ -52,24 +52,16 @@ retokenization of the same text (kept) from an edit (refused).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nemo_gym_adapter.errors import AdapterError, TokenAlignmentError
 from nemo_gym_adapter.tokens.assistant_texts import check_assistant_texts
-from nemo_gym_adapter.tokens.history_check import (
-    Decode,
-    Divergence,
-    ModelTurn,
-    Stops,
-    TurnHistory,
-    anchor_end,
-    anchor_end_in_full,
-    check_structure,
-    edit_error,
-    walk,
-)
-from nemo_gym_adapter.tokens.same_text import SameText
+from nemo_gym_adapter.tokens.edit_report import Divergence, edit_error
+from nemo_gym_adapter.tokens.history_check import anchor_end, anchor_end_in_full, walk
+from nemo_gym_adapter.tokens.model_turns import ModelTurn, TurnHistory, check_structure
+from nemo_gym_adapter.tokens.same_text import Decode, SameText
+from nemo_gym_adapter.tokens.stops import Stops
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate
 
 # Keys NeMo Gym's vllm_model (return_token_id_information: true) puts on each assistant message it sends back.
@@ -174,8 +166,8 @@ def spelled_stops(message: Mapping[str, Any], stop_texts: Sequence[str]) -> int:
 
 def splice_prompt(
     model_prefix: Sequence[int],
-    prefix_render: Sequence[int],
-    full_render: Sequence[int],
+    prefix_render: Sequence[int] | Stops,
+    full_render: Sequence[int] | Stops,
     template: TurnTemplate,
     history: TurnHistory | None = None,
     *,
@@ -207,13 +199,13 @@ def splice_prompt(
     if assistant_edits not in ASSISTANT_EDITS:
         raise AdapterError(f"assistant_edits must be one of {ASSISTANT_EDITS}, got {assistant_edits!r}")
     model_prefix = _as_list(model_prefix)
-    prefix_render = _as_list(prefix_render)
-    full_render = _as_list(full_render)
     stops = template.stop_ids
     if not model_prefix:
         raise TokenAlignmentError("the model prefix (prompt_token_ids + generation_token_ids) is empty")
 
-    prefix = Stops(prefix_render, stop_positions(prefix_render, stops))
+    # Stop positions are found once per sequence: renders handed in as Stops (the prefix reuse built them) are reused.
+    prefix = Stops.for_stops(prefix_render, stops)
+    prefix_render = prefix.ids
     rendered_turns = len(prefix.at)
     if rendered_turns == 0:
         raise TokenAlignmentError(
@@ -221,7 +213,7 @@ def splice_prompt(
             f"contains no turn end (stop ids {sorted(stops)}); ends with {_window(prefix_render, len(prefix_render))}"
         )
 
-    model = Stops(model_prefix, stop_positions(model_prefix, stops))
+    model = Stops.of(model_prefix, stops)
     ends_with_stop = model_prefix[-1] in stops
     # A generation cut by length or a stop string has no stop id: its turn still ends there.
     model_turns = len(model.at) + (0 if ends_with_stop else 1)
@@ -251,7 +243,8 @@ def splice_prompt(
                 raise AdapterError("assistant_edits='refuse' needs a decode function")
             check_assistant_texts(history, decode, stops)
 
-    full = Stops(full_render, stop_positions(full_render, stops))
+    full = Stops.for_stops(full_render, stops)
+    full_render = full.ids
     if len(full.at) < rendered_turns - extra:
         raise TokenAlignmentError(
             f"the full render has {len(full.at)} turn ends but the history through the last tokenized assistant "
@@ -323,22 +316,6 @@ def _as_list(ids: Sequence[int]) -> list[int]:
 
 def _count(ids: list[int], stops: frozenset[int]) -> int:
     return sum(ids.count(s) for s in stops)
-
-
-def stop_positions(ids: Sequence[int], stops: Collection[int]) -> list[int]:
-    """Sorted positions of every id in ``stops``: one C-level ``list.index`` scan per stop id (few), no Python loop
-    per token. Shared with the vLLM fast prefix render."""
-    found: list[int] = []
-    for stop in stops:
-        start = 0
-        try:
-            while True:
-                start = ids.index(stop, start) + 1
-                found.append(start - 1)
-        except ValueError:
-            pass
-    found.sort()
-    return found
 
 
 def _window(ids: list[int], at: int) -> str:

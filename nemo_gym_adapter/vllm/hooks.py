@@ -61,6 +61,7 @@ from nemo_gym_adapter.tokens.anchor import Anchor as _Anchor
 from nemo_gym_adapter.tokens.anchor import find_anchor as _find_anchor
 from nemo_gym_adapter.tokens.same_text import SameText
 from nemo_gym_adapter.tokens.splice import messages_through
+from nemo_gym_adapter.tokens.stops import Stops
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate, turn_template_from_tokenizer
 from nemo_gym_adapter.vllm.prefix_render import fast_prefix_ids
 from nemo_gym_adapter.vllm.request_limits import (
@@ -193,15 +194,19 @@ def make_wrapper(original: Any) -> Any:
         full = engine_inputs[0]
         try:
             template, same_text = _turn_template(self, default_template)
+            # The full render's turn ends, found once: the prefix reuse and the splice both work on them.
+            full_stops = Stops.of(full["prompt_token_ids"], template.stop_ids)
             prefix_ids = None  # the required prefix alone (anchor.index -1): no assistant message to render through
             if anchor.renders_prefix:
                 prefix_messages = messages_through(messages, anchor.index)
-                prefix_ids = await _render_prefix(original, self, request, prefix_messages, render_args, full)
+                prefix_ids = await _render_prefix(
+                    original, self, request, prefix_messages, render_args, full, full_stops
+                )
             prompt = splice_request(
                 anchor,
                 messages,
                 prefix_ids,
-                full["prompt_token_ids"],
+                full_stops,
                 template,
                 decode=self.renderer.tokenizer.decode,
                 assistant_edits=OPTIONS["assistant_edits"],
@@ -248,16 +253,23 @@ def make_harmony_guard(original: Any) -> Any:
 
 
 async def _render_prefix(
-    original: Any, serving: Any, request: Any, prefix_messages: list[Any], render_args: tuple, full: Mapping
-) -> list[int]:
-    """Token ids of ``prefix_messages`` rendered without a generation prompt (``prefix_render`` of the splice)."""
+    original: Any,
+    serving: Any,
+    request: Any,
+    prefix_messages: list[Any],
+    render_args: tuple,
+    full: Mapping,
+    full_stops: Stops,
+) -> Stops | list[int]:
+    """Token ids of ``prefix_messages`` rendered without a generation prompt (``prefix_render`` of the splice);
+    ``full``: the full render's engine input, ``full_stops`` its ids with their turn ends (the fast path reuses
+    both)."""
     fields = getattr(type(request), "model_fields", {})
     update: dict[str, Any] = {"add_generation_prompt": False, "continue_final_message": False}
     # Shallow copy: fields the first render consumed (kv_transfer_params) or that would length-check are cleared.
     update.update({f: None for f in (*BUDGET_FIELDS, "kv_transfer_params", "truncate_prompt_tokens") if f in fields})
     prefix_request = request.model_copy(update={k: v for k, v in update.items() if k in fields})
-    stop_ids = _turn_template(serving, render_args[0])[0].stop_ids
-    fast = await fast_prefix_ids(serving, prefix_request, prefix_messages, render_args, full, stop_ids)
+    fast = await fast_prefix_ids(serving, prefix_request, prefix_messages, render_args, full, full_stops)
     if fast is not None:
         return fast
     _, inputs = await original(serving, prefix_request, prefix_messages, *render_args, None, skip_mm_cache=True)

@@ -3,7 +3,7 @@
 The splice needs the token ids of ``messages[:k+1]`` rendered without a generation prompt; rendering them through
 vLLM again would cost as much as the request's own render. :func:`fast_prefix_ids` renders the prefix to *text* with
 vLLM's renderer (Jinja only) and reuses the full render's ids segment by segment
-(:func:`nemo_gym_adapter.tokens.prefix_reuse.prefix_ids_by_segments`, backend-neutral: why that is exact is in its
+(:func:`nemo_gym_adapter.tokens.prefix_reuse.prefix_render_by_segments`, backend-neutral: why that is exact is in its
 docstring). Whenever it cannot prove exactness (no rendered text, multimodal parts, prompt embeddings, special tokens
 added by the request) it returns None and the caller renders through vLLM's hook instead. Imported by ``vllm.hooks``.
 """
@@ -13,9 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from nemo_gym_adapter.tokens.prefix_reuse import StopTexts, prefix_ids_by_segments, stop_texts_for
+from nemo_gym_adapter.tokens.prefix_reuse import (
+    StopTexts,
+    prefix_ids_by_segments,
+    prefix_render_by_segments,
+    stop_texts_for,
+)
+from nemo_gym_adapter.tokens.stops import Stops
 
-__all__ = ["StopTexts", "fast_prefix_ids", "prefix_ids_by_segments", "stop_texts_for"]
+__all__ = ["StopTexts", "fast_prefix_ids", "prefix_ids_by_segments", "prefix_render_by_segments", "stop_texts_for"]
 
 
 async def fast_prefix_ids(
@@ -24,13 +30,14 @@ async def fast_prefix_ids(
     prefix_messages: list[Any],
     render_args: tuple,
     full: Mapping[str, Any],
-    stop_ids: frozenset[int],
-) -> list[int] | None:
-    """Render ``prefix_messages`` to text with vLLM's renderer, then ``prefix_ids_by_segments``; None = not exact.
+    full_stops: Stops,
+) -> Stops | None:
+    """Render ``prefix_messages`` to text with vLLM's renderer, then ``prefix_render_by_segments``; None = not exact.
 
     ``serving``: vLLM's ``OnlineRenderer`` (0.25+) or ``OpenAIServingRender`` (0.20-0.24): ``.renderer`` and
     ``.model_config``. ``render_args``: ``(default_template, content_format, default_template_kwargs, tool_dicts)``
-    as given to ``preprocess_chat``; ``full``: the full render's engine input (needs its ``prompt`` text).
+    as given to ``preprocess_chat``; ``full``: the full render's engine input (needs its ``prompt`` text);
+    ``full_stops``: its ``prompt_token_ids`` with their turn ends (``Stops`` of the template's stop ids).
     The chat parameters are built as ``preprocess_chat`` builds them for a text-only request.
     """
     default_template, content_format, template_kwargs, tool_dicts = render_args
@@ -42,7 +49,7 @@ async def fast_prefix_ids(
         or getattr(serving.model_config, "enable_prompt_embeds", False)
     ):
         return None
-    stops = stop_texts_for(tokenizer, stop_ids)
+    stops = stop_texts_for(tokenizer, full_stops.stop_ids)
     if stops is None:
         return None
     kwargs = dict(template_kwargs or {})
@@ -54,6 +61,6 @@ async def fast_prefix_ids(
     text = prompt.get("prompt") if isinstance(prompt, dict) else None
     if not isinstance(text, str) or set(prompt) - {"prompt"}:
         return None
-    return prefix_ids_by_segments(
-        text, full_text, full["prompt_token_ids"], stops, lambda s: tokenizer.encode(s, add_special_tokens=False)
+    return prefix_render_by_segments(
+        text, full_text, full_stops, stops, lambda s: tokenizer.encode(s, add_special_tokens=False)
     )

@@ -94,8 +94,8 @@ def test_fast_and_slow_prefix_renders_agree(servers, patched, monkeypatch, fast)
     messages, history = two_turns(server, tools=TOOLS)
     monkeypatch.setitem(sglang_hooks.OPTIONS, "fast_prefix", fast)
     taken: list[bool] = []
-    original = sglang_hooks.prefix_ids_by_segments
-    monkeypatch.setattr(sglang_hooks, "prefix_ids_by_segments", lambda *a: taken.append(True) or original(*a))
+    original = sglang_hooks.prefix_render_by_segments
+    monkeypatch.setattr(sglang_hooks, "prefix_render_by_segments", lambda *a: taken.append(True) or original(*a))
     r = server.chat(messages, tools=TOOLS, max_tokens=4)
     assert r.status_code == 200, r.text
     assert bool(taken) == fast

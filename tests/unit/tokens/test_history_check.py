@@ -10,11 +10,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from nemo_gym_adapter.errors import TokenAlignmentError
-from nemo_gym_adapter.tokens.history_check import first_difference
 from nemo_gym_adapter.tokens.splice import last_tokenized_assistant, messages_through, splice_prompt, turn_history
 from tests.unit.tokens.test_splice import (
     END,
@@ -137,45 +134,12 @@ def test_model_turn_whose_ids_were_dropped_is_skipped_like_a_tokenized_one():
         synthetic(edited(dropped, 5, [777]))
 
 
-def test_generation_ids_not_where_the_prompt_puts_them_are_refused():
-    messages = rollout()
-    broken = copy.deepcopy(messages)
-    broken[2]["generation_token_ids"] = [201, END]  # not what the later prompt holds at that position
-    with pytest.raises(TokenAlignmentError, match=r"messages\[2\]\.generation_token_ids are not at position"):
-        synthetic(broken)
-    broken[2]["prompt_token_ids"] = broken[2]["prompt_token_ids"] * 3  # longer than the next turn's prompt
-    with pytest.raises(TokenAlignmentError, match=r"messages\[2\]: its prompt_token_ids .* do not fit"):
-        synthetic(broken)
-
-
 def test_malformed_ids_on_an_earlier_turn_name_the_message():
     messages = rollout()
     broken = copy.deepcopy(messages)
     broken[2]["generation_token_ids"] = "200 2"
     with pytest.raises(TokenAlignmentError, match=r"messages\[2\]\.generation_token_ids must be a list of token ids"):
         synthetic(broken)
-
-
-def test_error_shows_both_texts_around_the_difference():
-    messages = rollout()
-    with pytest.raises(TokenAlignmentError) as info:
-        synthetic(edited(messages, 3, [103, 555]))
-    text = str(info.value)
-    assert "'t6 t4 t101 t102" in text  # decoded context before the difference (the user turn)
-    assert "| 't2 t4" in text and "| 't555 t2" in text  # model: the tool turn ends; render: the edit
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    a=st.lists(st.integers(0, 3), max_size=80),
-    b=st.lists(st.integers(0, 3), max_size=80),
-    i=st.integers(0, 5),
-    j=st.integers(0, 5),
-)
-def test_first_difference_matches_a_plain_scan(a, b, i, j):
-    n = max(0, len(a) - i)
-    plain = next((d for d in range(n) if j + d >= len(b) or a[i + d] != b[j + d]), n)
-    assert first_difference(a, i, b, j, n) == plain
 
 
 # =====================================================================================================================
