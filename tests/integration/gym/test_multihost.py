@@ -221,7 +221,7 @@ def test_start_mode_replicas_on_their_own_hosts_patched_and_gym_on_loopback(bed,
         assert manager.gym.spec.ray_head_node_address == manager.ray_head.address
         # ... and Gym's launch ran in the warm launcher started next to it (nemo_gym.warm_launcher, the default)
         assert manager.gym.warm, manager.warm
-        _check_listeners(bed, manager)
+        _check_listeners(bed, manager, gym_service)
         rollout_s = _rollouts(cfg, manager)
         print(f"start mode: manager {manager.setup_seconds}, rollouts {rollout_s:.1f}s")
         gym_pids = manager.gym.pids() | manager.ray_head.pids()
@@ -277,8 +277,40 @@ def _ours(bed, host) -> set[int]:
     return pids
 
 
-def _check_listeners(bed, manager) -> None:
-    """Who listens where (module docstring): printed per host, then checked against docs/CLUSTER.md's table."""
+# docs/CLUSTER.md's table, as the bed sees it: what each kind of process may listen on. A listener of ours that is none
+# of these fails the test (with the printed table); "any" = every interface, "address" = one non-loopback address.
+RAY_PROCESSES = (
+    "raylet",
+    "gcs_server",
+    "ray::",
+    "ray/dashboard",
+    "ray/autoscaler",
+    "ray.util.client.server",
+    "ray/_private",
+)
+GYM_PROCESSES = ("gym-server-venvs", "warm_boot.py", "gym env start")
+
+
+def _kind(item, host, gym_side: set[int], service_side: set[int]) -> tuple[str, set[str]]:
+    """(what the listener is, the scopes docs/CLUSTER.md allows it)."""
+    command = item.process
+    if item.pid in gym_side:
+        return "Gym started by the trainer, and its Ray head", {"loopback"}
+    if "gym-venv" in command and any(r in command for r in RAY_PROCESSES):
+        return "a Ray started from Gym's venv (one machine)", {"loopback"}
+    if item.pid in service_side or any(g in command for g in GYM_PROCESSES):
+        return "the attached Gym service (host 3)", {"address", "loopback"} if host.index == 3 else set()
+    if command.startswith("VLLM::EngineCore"):
+        return "vLLM's engine core (its own sockets, on the replica's address)", {"address"}
+    if any(r in command for r in RAY_PROCESSES) or (host.index == 1 and item.pid == os.getpid()):
+        return "Ray (its processes, every worker and actor, the driver)", {"any", "address", "loopback"}
+    return "not in docs/CLUSTER.md", set()
+
+
+def _check_listeners(bed, manager, service) -> None:
+    """Who listens where (module docstring): printed per host, then each listener checked against docs/CLUSTER.md's
+    table (:func:`_kind`); Gym's side on loopback, each replica's HTTP port on its own host's address refusing a
+    request without the key, and a stranger on another host cannot reach the Gym the trainer started."""
     import urllib.error
     import urllib.request
 
@@ -291,17 +323,30 @@ def _check_listeners(bed, manager) -> None:
         print(f"listeners on {host.name} ({host.address}):\n{table(seen[host.name])}")
     if bed.mode != "netns":
         return  # loopback mode: one namespace, every "host" on 127.77.0.x
-    head = bed.hosts[0].name
-    # Gym's servers and its Ray head (every process Gym's launcher or head started): loopback only.
-    gym_side = set(manager.gym.pids()) | set(manager.ray_head.pids())
-    for pid in list(gym_side):
-        try:
-            gym_side |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-        except psutil.Error:
-            pass
-    exposed = [item for item in seen[head] if item.pid in gym_side and item.scope != "loopback"]
-    assert not exposed, exposed
-    assert any(item.pid in gym_side for item in seen[head])  # the control: Gym's listeners were found
+
+    def tree(pids: set[int]) -> set[int]:
+        out = set(pids)
+        for pid in pids:
+            try:
+                out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+            except psutil.Error:
+                pass
+        return out
+
+    gym_side = tree(set(manager.gym.pids()) | set(manager.ray_head.pids()))
+    from nemo_gym_adapter.procs import session_members
+
+    service_side = tree({service.pid, *session_members(service.pid)})  # the attach test's Gym service on host 3
+    unlisted = []
+    for host in bed.hosts:
+        for item in seen[host.name]:
+            kind, allowed = _kind(item, host, gym_side, service_side if host.index == 3 else set())
+            if item.scope not in allowed or (
+                item.scope == "address" and item.host.strip("[]").removeprefix("::ffff:") != host.address
+            ):
+                unlisted.append((host.name, kind, item))
+    assert not unlisted, "listeners beyond docs/CLUSTER.md:\n" + "\n".join(f"{h}: {k}: {i}" for h, k, i in unlisted)
+    assert any(item.pid in gym_side for item in seen[bed.hosts[0].name])  # the control: Gym's listeners were found
     # A stranger on another host cannot reach it: host 2 connecting to Gym's head port at host 1's address.
     port = urllib.parse.urlsplit(manager.gym.head_url).port
     probe = f"import socket; socket.create_connection(('{bed.hosts[0].address}', {port}), timeout=5)"
