@@ -30,7 +30,8 @@ in the README's keys table.
       env: {}                        # extra environment for Gym's processes
       patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
-      client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null}
+      client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null,
+               max_body_mb: 128}       # max_body_mb: the largest /run body read (rollouts.transport)
       trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null}
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
@@ -69,6 +70,10 @@ class ClientSection(_Section):
     max_connection_retries: int = Field(3, ge=0)
     retry_backoff_s: float = Field(0.5, ge=0)
     progress: bool | None = Field(None, description="progress bar; null: only on a TTY")
+    # The largest /run body read (MiB): a declared Content-Length over it is refused unread, a streamed body cut the
+    # moment it passes it (rollouts.transport); the row is masked invalid_result. A result repeats every model call's
+    # prompt ids, so long multi-turn rollouts reach tens of MB; what one row may buffer is bounded by this.
+    max_body_mb: float = Field(128.0, gt=0, description="largest /run body read, MiB")
 
 
 class TrajectorySection(_Section):

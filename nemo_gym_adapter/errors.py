@@ -34,8 +34,18 @@ class GymServerError(ServerError):
     """A NeMo Gym server (head, agent, resources, model proxy) failed."""
 
 
+class ServerDownError(GymServerError):
+    """A Gym server or vLLM replica is down and ``nemo_gym.on_server_down`` cannot go on: ``fail``, restarts ran out,
+    no replica left, or an attached Gym did not come back (``gym.liveness``). The message names what was lost."""
+
+
 class TokenAlignmentError(AdapterError, ValueError):
     """Token history cannot be matched exactly (edited or summarised conversation, broken contiguity).
 
     Never guessed around: the vLLM patch turns it into an HTTP 400, the trajectory code into a masked sample.
     """
+
+
+class StorageError(AdapterError, OSError):
+    """A file the run must write could not be written (a full disk). The message names the path, what the failure
+    left behind (the previous checkpoint) and how to go on."""

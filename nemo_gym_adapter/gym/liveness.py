@@ -12,9 +12,12 @@ the *whole* Gym. So we probe every server a row passes through ourselves:
   ``probe_timeout_s`` bounds a sick one. A server silent that long that still accepts connections is busy, not
   down, for ``busy_grace_s`` (a verifier scoring a batch in its event loop); one that refuses them is down at once.
 * :meth:`Liveness.before_step` runs one check before each step and applies ``nemo_gym.on_server_down``: ``fail``
-  raises :class:`ServerDownError` naming the servers; ``restart`` (only for a Gym we started) restarts Gym --
-  without the dead replicas when only replicas died -- at most ``max_restarts`` times per run, logged, and the step
-  routes to the new servers; ``mask`` (and ``restart`` when it cannot) runs the step with those rows masked.
+  raises :class:`ServerDownError` naming the servers; ``restart`` restarts a Gym we started -- without the dead
+  replicas when only replicas died -- at most ``max_restarts`` times per run, logged, and the step routes to the new
+  servers; for a Gym we attached to (its host lost, say) ``restart`` waits up to ``nemo_gym.attach_timeout_s`` for it
+  to answer again and attaches again (``GymServers.reattach``), else raises :class:`ServerDownError` naming what was
+  lost; when no replica of a model is left, ``restart`` raises it too (nothing left to generate with); ``mask`` (and
+  ``restart`` once ``max_restarts`` are spent) runs the step with those rows masked.
 * :class:`StepGuard` watches during the step (every ``interval_s``, and at once when a row hits a connection error):
   rows of an agent that needs a dead server are cut (or never sent) and become failures with reason
   ``server_down``; ``fail`` cuts every row and the step raises. A dead replica is subtler: Gym pins each rollout
@@ -36,18 +39,23 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
 
 from nemo_gym_adapter.data.routing import GymRoutes
-from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
+from nemo_gym_adapter.errors import AdapterConfigError, GymServerError, ServerDownError
 from nemo_gym_adapter.gym.probes import HttpProbes, Load, Probe, Topology
 
 logger = logging.getLogger(__name__)
+__all__ = [
+    "SERVER_DOWN",
+    "Liveness",
+    "LivenessConfig",
+    "OnServerDown",
+    "RestartableGym",
+    "ServerDownError",
+    "StepGuard",
+]
 
 SERVER_DOWN = "server_down"  # RolloutFailure.reason of a row whose server is dead (MaskReason.SERVER_DOWN)
 OnServerDown = Literal["mask", "restart", "fail"]
 T = TypeVar("T")
-
-
-class ServerDownError(GymServerError):
-    """A Gym server or vLLM replica is down and ``nemo_gym.on_server_down`` is ``fail`` (or restarts ran out)."""
 
 
 class RestartableGym(Protocol):
@@ -63,6 +71,8 @@ class RestartableGym(Protocol):
     def routes(self) -> GymRoutes: ...
 
     def restart(self, drop_replicas: Sequence[str] = ()) -> None: ...
+
+    def reattach(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ class Liveness:
         self._probe = probe or self._http.probe  # type: ignore[union-attr]
         self._load = load or self._http.load  # type: ignore[union-attr]
         self.restarts = 0
+        self.last_dead: dict[str, str] = {}  # what the latest check found dead (replicas by "host:port")
 
     @classmethod
     def for_gym(
@@ -122,7 +133,8 @@ class Liveness:
         """``{server: why}`` for every dead or sick server and replica (probed concurrently)."""
         servers = list(self.topology.servers.values())
         answers = await asyncio.gather(*(self._probe(s) for s in servers))
-        return {s.name: why for s, why in zip(servers, answers, strict=True) if why is not None}
+        self.last_dead = {s.name: why for s, why in zip(servers, answers, strict=True) if why is not None}
+        return dict(self.last_dead)
 
     def blocked(self, agent: str, dead: Mapping[str, str]) -> str | None:
         """Why ``agent``'s rows cannot be served (a needed server dead, or every replica of its model), or None."""
@@ -147,20 +159,54 @@ class Liveness:
         if policy == "fail":
             raise ServerDownError(f"before the step: {what} (nemo_gym.on_server_down=fail)")
         if policy == "restart":
-            if self.gym is None or not self.gym.owned:
-                logger.warning("cannot restart a Gym we did not start; masking its rows: %s", what)
+            if self.gym is None:
+                logger.warning("no Gym to restart; masking its rows: %s", what)
             elif self.restarts >= self.config.max_restarts:
                 logger.warning("Gym restarted %d times already (max_restarts); masking rows: %s", self.restarts, what)
+            elif not self.gym.owned:
+                if not self._gym_lost(dead):
+                    logger.warning("cannot restart a Gym we did not start; masking its rows: %s", what)
+                else:
+                    return await self._reattach(what)
             else:
                 return await self._restart(dead, what)
         logger.warning("masking the rows bound for: %s", what)
         return None, dead
+
+    def _gym_lost(self, dead: Mapping[str, str]) -> bool:
+        """Whether a Gym server died (not only replicas): an attached Gym then has to come back as a whole."""
+        return any(self.topology.servers[n].kind != "replica" for n in dead if n in self.topology.servers)
+
+    async def _reattach(self, what: str) -> tuple[GymRoutes | None, dict[str, str]]:
+        """An attached Gym lost servers (its host, say): wait for it to answer again, then route to it anew."""
+        assert self.gym is not None
+        self.restarts += 1
+        timeout = getattr(self.gym, "attach_timeout_s", 0.0)
+        logger.warning(
+            "the Gym at %s (attached: not ours to restart) lost %s; waiting up to %.0fs for it to answer again "
+            "(nemo_gym.attach_timeout_s)", self.gym.head_url, what, timeout,
+        )  # fmt: skip
+        try:
+            await asyncio.to_thread(self.gym.reattach)
+        except GymServerError as e:
+            raise ServerDownError(
+                f"lost the Gym at {self.gym.head_url} ({what}) and it did not answer again within {timeout:.0f}s "
+                f"(nemo_gym.attach_timeout_s): {e}"
+            ) from e
+        self.topology = await asyncio.to_thread(_topology, self.gym)
+        return self.gym.routes(), await self.check()
 
     async def _restart(self, dead: dict[str, str], what: str) -> tuple[GymRoutes | None, dict[str, str]]:
         assert self.gym is not None
         self.restarts += 1
         replicas = {r for rs in self.topology.replicas.values() for r in rs}
         drop = sorted(n for n in dead if n in replicas)
+        lost = [m for m, rs in self.topology.replicas.items() if rs and all(r in drop for r in rs)]
+        if lost:
+            raise ServerDownError(
+                f"every vLLM replica of model server(s) {lost} is lost ({what}): nothing left to generate with "
+                "(nemo_gym.on_server_down=restart)"
+            )
         logger.warning(
             "restarting Gym (%d/%d)%s because of: %s",
             self.restarts, self.config.max_restarts, f" without replicas {drop}" if drop else "", what,

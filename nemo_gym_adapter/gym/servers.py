@@ -81,6 +81,7 @@ class GymServers(GymHead):
         self.ray_wait_seconds = 0.0  # of startup_seconds: waiting for that head
         self.warm = False  # launched by a warm launcher (start(warm=)), not cold
         self._record: Path | None = None  # the launch's pid record (PID_FILE in its run dir) until stop()
+        self.attach_timeout_s = 60.0  # attach(): how long to wait for it, then and at each reattach()
 
     @classmethod
     def start(
@@ -212,17 +213,38 @@ class GymServers(GymHead):
     def attach(cls, head_url: str, timeout: float = 60.0) -> GymServers:
         """Use a Gym someone else started (never stopped by us); waits up to ``timeout`` for it to be ready."""
         gym = cls(head_url)
+        gym.attach_timeout_s = timeout
+        gym._wait_attached(timeout)
+        return gym
+
+    def reattach(self) -> None:
+        """An attached Gym that went down (its host lost, its service restarted): wait up to ``attach_timeout_s`` for
+        the Gym at ``head_url`` to answer and be ready again, forget what was read of the old one (its servers'
+        ports change with a new launch) and run the ``on_restart`` hooks (the manager checks again that it calls
+        exactly our replicas). Counted in ``restarts``. Raises ``GymServerError`` when it does not come back, and
+        for a Gym we started (:meth:`restart` is for that one)."""
+        if self.owned:
+            raise GymServerError(f"Gym at {self.head_url} was started by us: restart() it, not reattach()")
+        t0 = time.monotonic()
+        self._wait_attached(self.attach_timeout_s)
+        self._config = None
+        self.restarts += 1
+        logger.warning("Gym at %s answers again after %.1fs: attached again", self.head_url, time.monotonic() - t0)
+        for hook in self.on_restart:
+            hook(self)
+
+    def _wait_attached(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                status, _ = http_get(f"{gym.head_url}/health")
-                if status == 200 and not gym.unready_instances():
-                    return gym
+                status, _ = http_get(f"{self.head_url}/health")
+                if status == 200 and not self.unready_instances():
+                    return
                 last = f"/health answered {status}"
             except OSError as e:
                 last = str(e)
             if time.monotonic() > deadline:
-                raise GymServerError(f"Gym head server at {gym.head_url}: not ready after {timeout:.0f}s ({last})")
+                raise GymServerError(f"Gym head server at {self.head_url}: not ready after {timeout:.0f}s ({last})")
             time.sleep(0.5)
 
     @property

@@ -81,6 +81,19 @@ _NO_IDS = _frozen([], np.int64)
 _NO_LOGPROBS = _frozen([], np.float32)
 
 
+def outside_vocab(ids: np.ndarray, vocab_size: int | None) -> str | None:
+    """The first id of ``ids`` below 0 or (with ``vocab_size``) at or above it, as ``"<id> at position <k>"``; None
+    when all fit. Two numpy reductions per array; the position only on the error path."""
+    if ids.size == 0:
+        return None
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and (vocab_size is None or high < vocab_size):
+        return None
+    bad = (ids < 0) if vocab_size is None else (ids < 0) | (ids >= vocab_size)
+    k = int(np.flatnonzero(bad)[0])
+    return f"{int(ids[k])} at position {k}"
+
+
 def _where(row_index: int | None) -> str:
     return f"row {row_index}" if row_index is not None else "row"
 
@@ -114,9 +127,21 @@ def build_trajectory(
     first_prompt = calls[0][1].prompt_token_ids if calls else []
     # A masked row keeps its real prompt when it fits (useful in logs), else it gets one pad token at padding.
     kept_prompt = _frozen(first_prompt, np.int64) if 0 < len(first_prompt) <= config.prompt_length else _NO_IDS
+    # Ids outside the vocabulary never reach the batch, not even as a masked row's prompt: the actor's embedding lookup
+    # would fail on them (on GPU, a device-side assert that ends the run).
+    bad_prompt = outside_vocab(kept_prompt, config.vocab_size)
+    if bad_prompt is not None:
+        kept_prompt = _NO_IDS
 
     def masked(reason: MaskReason, detail: str, **extra: Any) -> Trajectory:
         return Trajectory(prompt_ids=kept_prompt, masked_reason=reason, detail=detail, **{**common, **extra})
+
+    if bad_prompt is not None:
+        return masked(
+            MaskReason.INVALID_RESULT,
+            f"{where}: response.output[{calls[0][0]}].prompt_token_ids holds {bad_prompt}, outside the model's "
+            f"vocabulary [0, {config.vocab_size})",
+        )
 
     gym_says = ": ".join(x for x in (result.failure_kind, result.failure_reason) if x)
     verifier_error = result.mask_sample and result.failure_kind in VERIFIER_FAILURE_KINDS
@@ -202,9 +227,17 @@ def build_trajectory(
     response_parts = (
         [last.prompt_token_ids[base:], last.generation_token_ids] if len(kept) > 1 else [last.generation_token_ids]
     )
+    response_ids = _frozen_concat(response_parts, np.int64, end)
+    bad_response = outside_vocab(response_ids, config.vocab_size)
+    if bad_response is not None:
+        return masked(
+            MaskReason.INVALID_RESULT,
+            f"{where}: the response's token ids (tool and template tokens between calls, or generated ones) hold "
+            f"{bad_response}, outside the model's vocabulary [0, {config.vocab_size})",
+        )
     return Trajectory(
         prompt_ids=kept_prompt,  # = first_prompt here: it fits prompt_length (checked above)
-        response_ids=_frozen_concat(response_parts, np.int64, end),
+        response_ids=response_ids,
         sampled_spans=tuple(spans),
         sampled_logprobs=sampled_logprobs,
         forced=forced_tokens(sampled_logprobs, config.forced_token_min_logprob),

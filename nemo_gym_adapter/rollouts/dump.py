@@ -27,12 +27,18 @@ Texts longer than ``max_text_chars`` are cut (the cut says how much). :class:`Ro
 decodes, formats and appends (each file opened and closed per batch of lines: no handle outlives a write), and
 :meth:`RolloutDump.close` flushes everything queued and joins the thread. ``python -m nemo_gym_adapter.rollouts.
 dump_view <dir>`` prints the worst and best rollouts of a step.
+
+A full disk (:func:`nemo_gym_adapter.disk.full_disk`) stops the dump, not the run: the batch being appended is
+truncated away (the file stays whole JSON lines), one error names the file and the free space, and every later row is
+counted as not written (``gym/dump/failed_total``). Training goes on; a checkpoint on the same full disk then ends the
+run with its own message (``recipe.nemo_gym.storage``). Any other write error is logged and the next batch tried.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 from collections import defaultdict
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_gym_adapter import disk
 from nemo_gym_adapter.rollouts.core import RowResult
 from nemo_gym_adapter.wire import REWARD_COMPONENTS, reward_components
 
@@ -203,7 +210,9 @@ class RolloutDump:
         self.decode = decode
         self.written = 0
         self.dropped = 0
-        self.errors = 0
+        self.errors = 0  # rows the writer could not format or write
+        self.skipped = 0  # rows added after a full disk stopped the dump
+        self.failed: str | None = None  # why the dump stopped (a full disk), once it did
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=config.queue_size)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="gym-rollout-dump", daemon=True)
@@ -212,6 +221,9 @@ class RolloutDump:
     def add(self, row: RowResult, ctx: SampleContext) -> None:
         """Queue one row for writing; never blocks (a full queue drops it, counted and warned once)."""
         if self._closed or (ctx.partition != "train" and not self.config.validation):
+            return
+        if self.failed is not None:
+            self.skipped += 1
             return
         try:
             self._queue.put_nowait((row, ctx))
@@ -229,10 +241,12 @@ class RolloutDump:
             self.add(row, ctx)
 
     def metrics(self, prefix: str = "gym") -> dict[str, float]:
-        """``<prefix>/dump/{written,dropped}_total`` (cumulative)."""
+        """``<prefix>/dump/{written,dropped,failed}_total`` (cumulative; failed: not written, a full disk or a write
+        error)."""
         return {
             f"{prefix}/dump/written_total": float(self.written),
             f"{prefix}/dump/dropped_total": float(self.dropped),
+            f"{prefix}/dump/failed_total": float(self.errors + self.skipped),
         }
 
     def close(self, timeout_s: float = 60.0) -> None:
@@ -276,14 +290,44 @@ class RolloutDump:
                     continue
                 lines[step_file(self.config.dir, ctx.partition, ctx.step)].append(line)
             for path, texts in lines.items():
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    with path.open("a", encoding="utf-8") as f:
-                        f.write("\n".join(texts) + "\n")
-                    self.written += len(texts)
-                except OSError:
+                if self.failed is not None:
                     self.errors += len(texts)
-                    logger.exception("rollout dump: could not write %s", path)
+                    continue
+                try:
+                    append_whole(path, ("\n".join(texts) + "\n").encode("utf-8"))
+                    self.written += len(texts)
+                except OSError as e:
+                    self.errors += len(texts)
+                    after = disk.space(path)
+                    full = disk.full_disk(e, after)
+                    if full is None:
+                        logger.exception("rollout dump: could not write %s", path)
+                        continue
+                    self.failed = f"{full} writing {path} ({after})"
+                    logger.error(
+                        "rollout dump: %s; the readable dump stops here, %d rollout(s) not written and every later "
+                        "one counted in gym/dump/failed_total (training goes on)",
+                        self.failed,
+                        len(texts),
+                    )
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path`` (created with its directory), or leave the file as it was: a write that fails
+    halfway (a full disk) is truncated away, so the file never ends in half a JSON line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _jsonable(value: Any) -> Any:

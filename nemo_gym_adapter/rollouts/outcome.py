@@ -24,6 +24,8 @@ _CLIENT_REASONS = {
     "unknown_agent": MaskReason.UNROUTABLE,
     "ambiguous_agent": MaskReason.UNROUTABLE,
     "server_down": MaskReason.SERVER_DOWN,
+    "too_large": MaskReason.INVALID_RESULT,  # a body over nemo_gym.client.max_body_mb, refused while it streamed
+    "wrong_row": MaskReason.INVALID_RESULT,  # a result that echoes another row's verifier fields
 }
 
 

@@ -82,6 +82,9 @@ class TrajectoryConfig:
     # Sampled tokens whose rollout log-prob is >= this are left out of the loss (rollouts.forced): tokens constrained
     # decoding forced. None: every sampled token is trained.
     forced_token_min_logprob: float | None = None
+    # The model's vocabulary (its embedding rows, the HF config's vocab_size): a token id outside [0, vocab_size) in a
+    # Gym result masks the row invalid_result (rollouts.builder). None: only negative ids are refused.
+    vocab_size: int | None = None
     key_prefix: str = "trajectory"
 
     def verifier_error_policy(self, env_name: str) -> VerifierErrorPolicy:
@@ -108,6 +111,8 @@ class TrajectoryConfig:
             bad.append(f"max_model_len={self.max_model_len!r} (must be >= 2 or null)")
         if self.contiguity not in CONTIGUITY_POLICIES:
             bad.append(f"contiguity={self.contiguity!r} (must be one of {', '.join(CONTIGUITY_POLICIES)})")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            bad.append(f"vocab_size={self.vocab_size!r} (must be >= 1 or null)")
         if self.forced_token_min_logprob is not None and not self.forced_token_min_logprob <= 0:
             bad.append(f"forced_token_min_logprob={self.forced_token_min_logprob!r} (a log-prob: must be <= 0 or null)")
         for env, policy in self.verifier_errors.items():

@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import ray
 from verl.experimental.agent_loop import AgentLoopManager
 from verl.protocol import DataProto
 
@@ -42,7 +41,7 @@ from nemo_gym_adapter.rollouts.dump import SampleContext
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from recipe.nemo_gym.manager_base import GymManagerBase
 from recipe.nemo_gym.outcomes import batch_group_metrics, check_gdpo_keys, legacy_extras
-from recipe.nemo_gym.replicas import server_weight_version
+from recipe.nemo_gym.replicas import weight_versions
 
 GYM_METRICS_KEY = "nemo_gym_metrics"
 """``meta_info`` key of a training step's metrics (read and removed by ``task_runner.NemoGymPPOTrainer``)."""
@@ -97,8 +96,7 @@ class NemoGymAgentLoopManager(GymManagerBase, AgentLoopManager):
         """Each row to the readable dump (``nemo_gym.rollout_dump``), when it is on."""
         if self.dump is None:
             return
-        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
-        known = [int(v) for v in ray.get(refs, timeout=60) if v is not None] or [0]
+        known = [int(v) for v in weight_versions(self.live_replica_handles()) if v is not None] or [0]
         step = int(prompts.meta_info.get("global_steps", 0) or 0)
         seen: dict[Any, int] = {}
         for row, uid, index in zip(rows, uids, task_indices(prompts), strict=True):

@@ -63,13 +63,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
 import transfer_queue as tq
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.errors import AdapterError, ServerDownError
 from nemo_gym_adapter.loop_thread import LoopThread
 from nemo_gym_adapter.rollouts.core import RowResult
 from nemo_gym_adapter.rollouts.dump import SampleContext
@@ -78,7 +77,7 @@ from nemo_gym_adapter.rollouts.metrics import compute_metrics
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
 from recipe.nemo_gym.manager_base import GymManagerBase
 from recipe.nemo_gym.outcomes import GroupLedger, sample_extras
-from recipe.nemo_gym.replicas import server_weight_version
+from recipe.nemo_gym.replicas import weight_versions, weight_versions_async
 from recipe.nemo_gym.tq_records import sample_record, split_prompts, task_index
 
 logger = logging.getLogger(__name__)
@@ -137,12 +136,17 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         self._probe: dict[str, float] = {}
         self._version: tuple[float, tuple[int, int]] | None = None
         self._groups = GroupLedger()
+        # A batch that ended with ServerDownError (every replica or the attached Gym lost): raised at the next
+        # dispatch and by the trainer's replay buffer (task_runner_v1), so the run ends with its message.
+        self.fatal: ServerDownError | None = None
 
     # ---- verl's v1 contract -------------------------------------------------------------------------------------
 
     def generate_sequences(self, prompts: TensorDict) -> None:
         """Dispatch the batch's Gym rollouts and return at once (samples reach TransferQueue as they finish)."""
         self.check_open()
+        if self.fatal is not None:
+            raise self.fatal
         t0 = time.perf_counter()
         validate = bool(prompts["validate"]) if "validate" in prompts.keys() else False
         rows = split_prompts(prompts)
@@ -305,8 +309,11 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
     def _batch_done(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._inflight.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            logger.error("a Gym rollout batch failed (its groups are marked failure)", exc_info=future.exception())
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            logger.error("a Gym rollout batch failed (its groups are marked failure)", exc_info=error)
+            if isinstance(error, ServerDownError):  # nothing left to roll out on: the run's end
+                self.fatal = error
 
     def _cancel_inflight(self) -> None:
         with self._lock:
@@ -318,15 +325,13 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
 
     def _read_versions(self) -> tuple[int, int]:
         """(min, max) ``global_steps`` over the replicas now (0 before the first sync)."""
-        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
-        return self._remember([ray.get(ref, timeout=60) for ref in refs])
+        return self._remember(weight_versions(self.live_replica_handles()))
 
     async def _read_versions_async(self) -> tuple[int, int]:
         cached = self._version
         if cached is not None and time.monotonic() - cached[0] < VERSION_CACHE_S:
             return cached[1]
-        refs = [h.__ray_call__.remote(server_weight_version) for h in self.replica_handles.values()]
-        return self._remember(list(await asyncio.gather(*refs)))
+        return self._remember(await weight_versions_async(self.live_replica_handles()))
 
     def _remember(self, values: list[int | None]) -> tuple[int, int]:
         known = [int(v) for v in values if v is not None] or [0]

@@ -50,8 +50,11 @@ def gym_launch_spec(
     )
 
 
-def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> TrajectoryConfig:
-    """Trajectory lengths and masking policy from the trainer's rollout lengths and ``nemo_gym.trajectory``."""
+def trajectory_config(
+    recipe: RecipeConfig, max_model_len: int | None, vocab_size: int | None = None
+) -> TrajectoryConfig:
+    """Trajectory lengths and masking policy from the trainer's rollout lengths and ``nemo_gym.trajectory``;
+    ``vocab_size``: the model's embedding rows (ids outside are masked)."""
     return TrajectoryConfig(
         prompt_length=recipe.prompt_length,
         response_length=recipe.response_length,
@@ -60,6 +63,7 @@ def trajectory_config(recipe: RecipeConfig, max_model_len: int | None) -> Trajec
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
         verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
         forced_token_min_logprob=recipe.gym.trajectory.forced_token_min_logprob,
+        vocab_size=vocab_size,
         key_prefix="nemo_gym.trajectory",
     )
 
@@ -73,6 +77,7 @@ def client_config(gym: NemoGymConfig) -> RolloutClientConfig:
         max_connection_retries=c.max_connection_retries,
         retry_backoff_s=c.retry_backoff_s,
         progress=c.progress,
+        max_body_mb=c.max_body_mb,
         key_prefix="nemo_gym.client",
     )
 

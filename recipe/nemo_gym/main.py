@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nemo_gym_adapter import paths, reaper
 from nemo_gym_adapter.access import key as access_key
 from nemo_gym_adapter.access import listen
-from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, SetupError
+from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, ServerDownError, SetupError, StorageError
 from nemo_gym_adapter.recipe_config import RecipeConfig, load_config
 from recipe.nemo_gym.resolvers import register_resolvers
 
@@ -96,7 +96,8 @@ def run(cfg: DictConfig) -> int:
         run_ppo(cfg, task_runner_class=task_runner_class(cfg))
         if metrics_path is not None:
             _write_reward_curve(metrics_path)
-    except SetupError as e:  # a start-up check in the TaskRunner (a Ray actor), e.g. backends.check_engine_available
+    except (SetupError, StorageError, ServerDownError) as e:  # from the TaskRunner (a Ray actor): a start-up
+        # check, a full disk at a checkpoint, every replica or the attached Gym lost: one message, the run's end
         print(f"error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
         return 1
     finally:

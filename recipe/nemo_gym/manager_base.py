@@ -139,14 +139,14 @@ class GymManagerBase:
         card = read_model_card(self.replicas, api_key=self.api_key)
         self.served_model_name = card.name
         self.max_model_len = effective_max_model_len(self.recipe.max_model_len, card.max_model_len)
-        tokenizer = load_tokenizer(self.model_config)
+        tokenizer, vocab_size = load_tokenizer(self.model_config)
         self.pad_token_id, self.probe_ids = tokenizer_ids(tokenizer, self.recipe.model_path)
         self.dump = rollout_dump(self.recipe, tokenizer)
         if self.dump is not None:
             self.on_shutdown("rollout dump", self.dump.close)  # after the rollouts in flight (registered later)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
-        routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len)
+        routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len, vocab_size)
         trajectory.check_envs(routes.agents)
         self.core = RolloutCore(
             routes,
@@ -197,6 +197,7 @@ class GymManagerBase:
             )
             attached = GymServers.attach(gym.head_url, timeout=gym.attach_timeout_s)
             check_policy_urls(policy_urls(attached.global_config()), urls, gym.head_url)
+            attached.on_restart.append(self._check_reattached)
             return attached
         node_ip = ray.util.get_node_ip_address()
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
@@ -206,7 +207,37 @@ class GymManagerBase:
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
         started.on_restart.append(write_pid_file)
+        started.on_restart.append(self._keep_served_replicas)
         return started
+
+    def _keep_served_replicas(self, gym: GymServers) -> None:
+        """After a restart without dead replicas (``liveness``): forget them here too, so no per-step call (engine
+        probe, weight versions) waits on a lost node."""
+        served = set(gym.spec.policy_base_url) if gym.spec is not None else {ep.url for ep in self.replica_endpoints}
+        lost = [ep for ep in self.replica_endpoints if ep.url not in served]
+        if not lost:
+            return
+        self.replica_endpoints = [ep for ep in self.replica_endpoints if ep.url in served]
+        self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
+        self.replica_handles = {a: h for a, h in self.replica_handles.items() if a in self.replicas.values()}
+        logger.warning(
+            "replicas %s dropped for the rest of the run (Gym restarted without them)", [ep.address for ep in lost]
+        )
+
+    def _check_reattached(self, gym: GymServers) -> None:
+        """An attached Gym that came back must still call exactly our replicas (``nemo_gym.head_url``)."""
+        urls = [ep.url for ep in self.replica_endpoints]
+        check_policy_urls(policy_urls(gym.global_config(refresh=True)), urls, gym.head_url)
+
+    def dead_replicas(self) -> set[str]:
+        """The servers (replicas by ``host:port``) the latest liveness check found dead; empty before one ran."""
+        liveness = getattr(self.core, "liveness", None)
+        return set(getattr(liveness, "last_dead", None) or ())
+
+    def live_replica_handles(self) -> dict[str, Any]:
+        """``{actor: handle}`` of the replicas the liveness check did not find dead last time (all before it ran)."""
+        dead_actors = {self.replicas.get(address) for address in self.dead_replicas()}
+        return {actor: h for actor, h in self.replica_handles.items() if actor not in dead_actors}
 
     def on_shutdown(self, what: str, cleanup: Callable[[], None]) -> None:
         """Have :meth:`shutdown` run ``cleanup`` (before everything registered earlier)."""
@@ -253,16 +284,17 @@ class GymManagerBase:
         calls the engine aborted and the patch's abort guard sent back to Gym for a retry (``vllm.abort``,
         ``sglang.answer``; cumulative). Each key is left out when it cannot be read (a failed read never fails a
         step)."""
-        if not self.replicas or self.served_model_name is None:
+        dead = self.dead_replicas()
+        address = next((a for a in self.replicas if a not in dead), None)
+        if address is None or self.served_model_name is None:
             return {}
-        address = next(iter(self.replicas))
         probe = probe_logprob(
             address, self.served_model_name, self.probe_ids, api=self.engine.probe_api, api_key=self.api_key
         )
         metrics = {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
         if self.recipe.gym.patch_vllm and self.replica_handles:
             # Chat completions the engine aborted (async weight syncs) that the guard sent back to Gym for a retry.
-            aborted = self.engine.aborted_turns(self.replica_handles)
+            aborted = self.engine.aborted_turns(self.live_replica_handles())
             if aborted is not None:
                 metrics["gym/engine/aborted_turns_total"] = float(aborted)
         return metrics

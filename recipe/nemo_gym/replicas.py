@@ -7,6 +7,7 @@ or SGLang) is :mod:`recipe.nemo_gym.backends`'s :class:`~recipe.nemo_gym.backend
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -104,12 +105,16 @@ def guard_replicas(handles: Mapping[str, Any], endpoints: Sequence[ReplicaEndpoi
     return reports
 
 
-def load_tokenizer(model_config: Any) -> Any:
-    """The tokenizer of verl's model config (``actor_rollout_ref.model``)."""
+def load_tokenizer(model_config: Any) -> tuple[Any, int | None]:
+    """The tokenizer of verl's model config (``actor_rollout_ref.model``) and the model's embedding rows (its HF
+    config's ``vocab_size``, or its ``text_config``'s; None when neither says): token ids outside are refused."""
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
-    return omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig).tokenizer
+    hf = omega_conf_to_dataclass(model_config, dataclass_type=HFModelConfig)
+    config = hf.hf_config
+    vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
+    return hf.tokenizer, int(vocab) if isinstance(vocab, int) and vocab > 0 else None
 
 
 def tokenizer_ids(tokenizer: Any, model_path: str) -> tuple[int, list[int]]:
@@ -124,3 +129,27 @@ def server_weight_version(server: Any) -> int | None:
     """Runs inside a rollout server actor (vLLM or SGLang): the ``global_steps`` verl's last weight sync set
     (``set_global_steps``, the same attribute on both of verl's servers)."""
     return getattr(server, "global_steps", None)
+
+
+def weight_versions(handles: Mapping[str, Any], timeout: float = 60.0) -> list[int | None]:
+    """:func:`server_weight_version` of each server actor; an actor that cannot answer (its node lost) is left out,
+    logged: a weight-version stamp never fails a step."""
+    refs = {name: h.__ray_call__.remote(server_weight_version) for name, h in handles.items()}
+    out: list[int | None] = []
+    for name, ref in refs.items():
+        try:
+            out.append(ray.get(ref, timeout=timeout))
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            logger.warning("weight version of %s unreadable (left out): %r", name, e)
+    return out
+
+
+async def weight_versions_async(handles: Mapping[str, Any]) -> list[int | None]:
+    """:func:`weight_versions` from an event loop."""
+    answers = await asyncio.gather(
+        *(h.__ray_call__.remote(server_weight_version) for h in handles.values()), return_exceptions=True
+    )
+    for name, answer in zip(handles, answers, strict=True):
+        if isinstance(answer, BaseException):
+            logger.warning("weight version of %s unreadable (left out): %r", name, answer)
+    return [a for a in answers if not isinstance(a, BaseException)]

@@ -23,6 +23,8 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
    time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
 7. Before that, the engine ``actor_rollout_ref.rollout.name`` selects must be able to start here
    (``backends.check_engine_available``: an SGLang run on the CPU backend or without SGLang stops, naming the key).
+8. A checkpoint or verl rollout dump that hits a full disk (:mod:`recipe.nemo_gym.storage`): the previous
+   checkpoint stays loadable and the run ends naming the path; the dump stops, the run goes on.
 
 verl itself already logs ``training/rollout_probs_diff_*`` (probability space) and, with the default
 ``algorithm.rollout_correction`` block, ``rollout_corr/kl`` and ``rollout_corr/k3_kl``; ``onpolicy/*`` adds the
@@ -49,7 +51,7 @@ from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.recipe_config import load_config
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from nemo_gym_adapter.rollouts.metrics import scope_name
-from recipe.nemo_gym import masked_estimators, rollout_correction
+from recipe.nemo_gym import masked_estimators, rollout_correction, storage
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
 from recipe.nemo_gym.backends import check_engine_available
 
@@ -113,6 +115,15 @@ class NemoGymPPOTrainer(RayPPOTrainer):
     def fit(self) -> Any:
         rollout_correction.install()
         return super().fit()
+
+    def _save_checkpoint(self) -> Any:
+        """verl's checkpoint; a full disk leaves the previous one loadable and ends the run naming the path."""
+        return storage.save_checkpoint(self, super()._save_checkpoint)
+
+    @staticmethod
+    def _write_generations(*args: Any) -> None:
+        """verl's rollout dump (``trainer.rollout_data_dir``); a full disk stops it, not the run."""
+        storage.write_generations(RayPPOTrainer._write_generations, *args)
 
     def _update_actor(self, batch: Any) -> Any:
         gym_metrics = batch.meta_info.pop(GYM_METRICS_KEY, None) or {}  # the step's rollout metrics (agent_loop)

@@ -22,6 +22,7 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
      (``pop_validation_metrics``: the legacy trainer's ``nemo_gym_adapter.rollouts.validation.ValidationPass``);
    - with ``nemo_gym.env_weights`` the training dataloader samples with the legacy trainer's
      ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``);
+   - a checkpoint or verl rollout dump that hits a full disk (:mod:`recipe.nemo_gym.storage`);
    - ``masked_grpo`` sees the batch's ``{uid}_{session}_{i}`` keys (``advantage.SESSION_KEYS``), so a rollout split
      into several samples (``nemo_gym.trajectory.contiguity: split``) counts once in its group (``_compute_advantage``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
@@ -53,7 +54,7 @@ from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
-from recipe.nemo_gym import advantage, masked_estimators, rollout_correction  # advantage registers masked_grpo
+from recipe.nemo_gym import advantage, masked_estimators, rollout_correction, storage  # advantage registers masked_grpo
 from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -90,7 +91,25 @@ class NemoGymTrainerMixin:
         buffer = super()._build_replay_buffer()  # type: ignore[misc]
         if hasattr(buffer, "poll_interval"):
             buffer.poll_interval = replay_poll_interval(self.config)
+        if hasattr(buffer, "sample"):
+            buffer.sample = self._fatal_first(buffer.sample)
         return buffer
+
+    def _fatal_first(self, sample: Any) -> Any:
+        """verl's ``sample``, but a rollout manager's fatal error (``ServerDownError``: every replica or the attached
+        Gym lost, its batch's groups published ``failure``) ends the run with its own message, not verl's "no
+        materializable trajectories"."""
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return sample(*args, **kwargs)
+            except Exception:
+                fatal = getattr(getattr(self, "agent_loop_manager", None), "fatal", None)
+                if isinstance(fatal, BaseException):
+                    raise fatal from None
+                raise
+
+        return guarded
 
     def _init_dataloader(self) -> None:
         """verl's dataloaders; with ``nemo_gym.env_weights`` the training one draws from the same
@@ -126,6 +145,17 @@ class NemoGymTrainerMixin:
             return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         finally:
             advantage.SESSION_KEYS.reset(token)
+
+    def _save_checkpoint(self) -> Any:
+        """verl's checkpoint; a full disk leaves the previous one loadable and ends the run naming the path."""
+        return storage.save_checkpoint(self, super()._save_checkpoint)  # type: ignore[misc]
+
+    @staticmethod
+    def _write_generations(*args: Any) -> None:
+        """verl's rollout dump (``trainer.rollout_data_dir``); a full disk stops it, not the run."""
+        from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+        storage.write_generations(PPOTrainer._write_generations, *args)
 
     def fit(self, agent_loop_manager: Any) -> Any:
         rollout_correction.install()

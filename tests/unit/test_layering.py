@@ -16,6 +16,7 @@ LIB = "nemo_gym_adapter"
 
 # Rank of each part: a module may import parts of a lower rank or its own package; plumbing imports no package.
 PLUMBING = {
+    "disk",
     "config",
     "recipe_config",
     "recipe_checks",

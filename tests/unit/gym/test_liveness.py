@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter.data.routing import GymRoutes
-from nemo_gym_adapter.errors import AdapterConfigError
+from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.gym.liveness import Liveness, LivenessConfig, ServerDownError
 from nemo_gym_adapter.gym.probes import Server, Topology
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig
@@ -88,6 +88,16 @@ class FakeRestartableGym:
         if self._on_restart:
             self._on_restart(drop_replicas)
 
+    attach_timeout_s = 5.0
+    comes_back = True
+
+    def reattach(self) -> None:
+        self.restarted.append("reattach")
+        if not self.comes_back:
+            raise GymServerError(f"Gym head server at {self.head_url}: not ready after 5s (connection refused)")
+        if self._on_restart:
+            self._on_restart(())
+
 
 def liveness(config: dict[str, Any], probes: FakeProbes, gym: Any = None, **kw: Any) -> Liveness:
     topology = Topology.from_gym(config, GymRoutes.from_config(config))
@@ -125,8 +135,30 @@ async def test_restart_is_bounded_drops_dead_replicas_and_masks_when_it_cannot()
     probes.dead = {"agent_a": "gone"}  # the budget is spent: rows are masked, no second restart
     routes, dead = await live.before_step()
     assert gym.restarted == [["10.0.0.2:8000"]] and routes is None and dead == {"agent_a": "gone"}
-    attached = liveness(two_env_config(), probes, gym=FakeRestartableGym(two_env_config(), owned=False))
-    assert (await attached.before_step())[0] is None  # never restarts a Gym it did not start
+
+    # A Gym we attached to is never restarted: a dead replica masks its rows ...
+    attached_gym = FakeRestartableGym(two_env_config(), owned=False, on_restart=lambda drop: probes.dead.clear())
+    attached = liveness(two_env_config(), probes, gym=attached_gym)
+    probes.dead = {"10.0.0.2:8000": "unreachable"}
+    assert await attached.before_step() == (None, {"10.0.0.2:8000": "unreachable"}) and not attached_gym.restarted
+    # ... a lost Gym server (its host, say) is waited for and attached to again ...
+    probes.dead = {"agent_a": "no answer within 3s, connection not accepted"}
+    routes, dead = await attached.before_step()
+    assert attached_gym.restarted == ["reattach"] and routes is not None and dead == {}
+    # ... and a Gym that does not come back within attach_timeout_s ends the run, naming what was lost.
+    attached_gym.comes_back = False
+    probes.dead = {"agent_a": "unreachable (ClientConnectorError)"}
+    with pytest.raises(ServerDownError, match=r"lost the Gym at http://127.0.0.1:11000 \(agent server 'agent_a'"):
+        await attached.before_step()
+
+
+async def test_restart_with_no_replica_left_ends_the_run_naming_them():
+    probes = FakeProbes()
+    gym = FakeRestartableGym(two_env_config())
+    probes.dead = {"10.0.0.1:8000": "unreachable (ClientConnectorError)", "10.0.0.2:8000": "no answer within 3s"}
+    with pytest.raises(ServerDownError, match=r"every vLLM replica of model server\(s\) \['policy'\] is lost") as e:
+        await liveness(two_env_config(), probes, gym=gym).before_step()
+    assert "10.0.0.1:8000" in str(e.value) and "10.0.0.2:8000" in str(e.value) and not gym.restarted
 
 
 def test_on_server_down_is_validated():

@@ -229,6 +229,24 @@ def test_attach_to_unready_gym_times_out(fake_head):
         GymServers.attach(url, timeout=1)
 
 
+def test_reattach_waits_for_the_attached_gym_to_answer_again_then_forgets_the_old_one(fake_head):
+    """An attached Gym whose host was lost: reattach() waits (attach_timeout_s) for the same head URL to be ready,
+    drops the cached config (a new launch has new ports), counts it and runs the on_restart hooks; a Gym that stays
+    down is a GymServerError naming it."""
+    handler, url = fake_head
+    gym = GymServers.attach(url, timeout=1)
+    gym._config = {"stale": {}}
+    hooks: list[int] = []
+    gym.on_restart.append(lambda g: hooks.append(g.restarts))
+    handler.health = 503
+    threading.Timer(0.6, lambda: setattr(handler, "health", 200)).start()  # the service comes back
+    gym.reattach()
+    assert gym._config is None and gym.restarts == 1 and hooks == [1]
+    handler.health = 503
+    with pytest.raises(GymServerError, match=rf"{url}.*not ready after 1s"):
+        gym.reattach()
+
+
 # ---------------------------------------------------------------- a port lost at start-up (gym.ports)
 
 

@@ -103,3 +103,40 @@ def test_manager_starts_a_warm_launcher_next_to_the_head_and_stops_it_at_shutdow
     for section in ({"warm_launcher": False}, {"head_url": "http://h:1", "config_paths": []}):
         cfg["nemo_gym"].update(section)
         assert FakeManager(cfg, llm_client=None)._claim_warm() is None
+
+
+def test_replicas_a_restart_dropped_and_those_found_dead_are_not_called_again(cfg, monkeypatch):
+    """After Gym restarts without a lost replica (liveness), the manager forgets it; until then, replicas the last
+    liveness check found dead are skipped by the per-step calls (engine probe, weight versions, abort counts)."""
+    from types import SimpleNamespace
+
+    from nemo_gym_adapter.gym.addresses import ReplicaEndpoint
+    from recipe.nemo_gym import manager_base
+
+    manager = FakeManager(cfg, llm_client=None)
+    eps = [
+        ReplicaEndpoint(actor=f"vllm_server_{i}_0", host=h, port=8000, node_ip=h)
+        for i, h in enumerate(("10.0.0.2", "10.0.0.3"))
+    ]
+    manager.replica_endpoints = eps
+    manager.replicas = {ep.address: ep.actor for ep in eps}
+    manager.replica_handles = {ep.actor: object() for ep in eps}
+    manager.served_model_name = "m"
+    liveness = SimpleNamespace(last_dead={"10.0.0.2:8000": "unreachable"})
+    manager.core = SimpleNamespace(liveness=liveness)  # type: ignore[assignment]
+    assert list(manager.live_replica_handles()) == ["vllm_server_1_0"]
+    probed: list[str] = []
+    monkeypatch.setattr(manager_base, "probe_logprob", lambda address, *a, **k: probed.append(address) or -1.0)
+    counted: list[list[str]] = []
+    manager.engine = SimpleNamespace(probe_api="completions", aborted_turns=lambda h: counted.append(list(h)) or 0)  # type: ignore[assignment]
+    metrics = manager.engine_probe_metrics()
+    assert metrics == {"gym/engine/probe_logprob_mean": -1.0, "gym/engine/aborted_turns_total": 0.0}
+    assert probed == ["10.0.0.3:8000"] and counted == [["vllm_server_1_0"]]
+
+    restarted = SimpleNamespace(spec=SimpleNamespace(policy_base_url=[eps[1].url]))
+    manager._keep_served_replicas(restarted)  # type: ignore[arg-type]
+    assert manager.replicas == {"10.0.0.3:8000": "vllm_server_1_0"} and list(manager.replica_handles) == [
+        "vllm_server_1_0"
+    ]
+    liveness.last_dead = {"10.0.0.3:8000": "unreachable"}
+    assert manager.live_replica_handles() == {} and manager.engine_probe_metrics() == {}

@@ -345,3 +345,28 @@ def test_separate_async_without_hybrid_replicas_avoids_verls_flush_info_log(mode
             verl_logger.info("hybrid replicas disabled", flush=True)  # now a no-op
     finally:
         verl_logger.setLevel(original)
+
+
+def test_a_manager_that_lost_every_replica_ends_the_run_with_its_own_message():
+    """verl's sync replay buffer raises "no materializable trajectories" once every group of a batch is a failure;
+    when the manager knows why (its batch ended with ServerDownError), that message is the run's error instead."""
+    from nemo_gym_adapter.errors import ServerDownError
+
+    class FakeBuffer:
+        poll_interval = 2.0
+
+        def sample(self, global_steps: int, partition_id: str, batch_size: int) -> Any:
+            raise RuntimeError("Sync replay buffer selected terminal groups with no materializable trajectories.")
+
+    class Base(FakeV1Trainer):
+        def _build_replay_buffer(self) -> Any:
+            return FakeBuffer()
+
+    trainer = nemo_gym_trainer_cls(Base)("cpu")
+    trainer.agent_loop_manager = SimpleNamespace(fatal=None)
+    buffer = trainer._build_replay_buffer()
+    with pytest.raises(RuntimeError, match="materializable"):  # no known cause: verl's own error
+        buffer.sample(1, "train", 4)
+    trainer.agent_loop_manager.fatal = ServerDownError("every vLLM replica of model server(s) ['policy'] is lost")
+    with pytest.raises(ServerDownError, match="every vLLM replica"):
+        buffer.sample(1, "train", 4)

@@ -286,3 +286,28 @@ def test_trajectories_keep_the_results_numeric_fields_masked_or_not():
     }
     masked = build({**payload, "mask_sample": True})
     assert masked.masked and masked.numeric["accuracy"] == 0.5  # for the dump: what Gym said about a masked row
+
+
+@pytest.mark.parametrize(
+    ("where", "bad", "vocab"),
+    [("env", -1, None), ("env", 100, 100), ("generation", 5000, 1000), ("prompt", -7, None), ("prompt", 100, 100)],
+)
+def test_a_token_id_outside_the_vocabulary_masks_the_row_and_never_reaches_the_batch(where, bad, vocab):
+    """An id the actor's embedding cannot look up (negative, or >= the model's vocab_size) in any part of the trained
+    arrays -- the first prompt (also a masked row's kept prompt), the tool tokens between calls, a generation --
+    masks the row invalid_result naming the id; the same result with ids in range is trained (the control)."""
+    prompt, env, gen = list(P0), list(E0), list(G1)
+    {"env": env, "generation": gen, "prompt": prompt}[where][-1] = bad
+    config = TrajectoryConfig(prompt_length=64, response_length=64, vocab_size=vocab)
+    t = build(handmade_multiturn(prompt, [G0, gen], [env]), config)
+    assert t.masked_reason is MaskReason.INVALID_RESULT and f"{bad} at position" in t.detail, t.detail
+    assert "vocabulary" in t.detail and len(t.response_ids) == 0
+    assert bad not in t.prompt_ids.tolist()  # not even kept for logs: padding would put it in the batch
+    padded = pad_trajectories([t], prompt_length=64, response_length=64, pad_token_id=PAD)
+    assert int(padded.tensors["input_ids"].min()) >= 0
+    assert not build(handmade_multiturn(P0, [G0, G1], [E0]), config).masked
+
+
+def test_vocab_size_is_validated_naming_the_key():
+    with pytest.raises(AdapterConfigError, match="nemo_gym.trajectory.vocab_size=0"):
+        TrajectoryConfig(prompt_length=8, response_length=8, vocab_size=0, key_prefix="nemo_gym.trajectory")

@@ -215,6 +215,9 @@ def test_config_rejects_bad_values_naming_the_key():
         RolloutClientConfig(max_concurrency=0)
     with pytest.raises(AdapterConfigError, match="trainer.gym.timeout_s"):
         RolloutClientConfig(timeout_s=0, key_prefix="trainer.gym")
+    with pytest.raises(AdapterConfigError, match="rollout_client.max_body_mb=0"):
+        RolloutClientConfig(max_body_mb=0)
+    assert RolloutClientConfig(max_body_mb=1.5).max_body_bytes == 1572864
 
 
 def test_blocking_client_connects_through_the_head_server(fake_server):

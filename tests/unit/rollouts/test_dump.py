@@ -87,7 +87,7 @@ def test_the_writer_appends_per_partition_and_step_and_flushes_at_close(tmp_path
     assert len(step_file(tmp_path, "train", 1).read_text().splitlines()) == 2
     assert len(step_file(tmp_path, "train", 2).read_text().splitlines()) == 1
     assert not (tmp_path / "val").exists()  # validation: false
-    assert d.metrics() == {"gym/dump/written_total": 3.0, "gym/dump/dropped_total": 0.0}
+    assert d.metrics() == {"gym/dump/written_total": 3.0, "gym/dump/dropped_total": 0.0, "gym/dump/failed_total": 0.0}
     d.add(row, SampleContext(3))  # after close: ignored, never raises
     assert not step_file(tmp_path, "train", 3).exists()
 
@@ -107,6 +107,32 @@ def test_a_full_queue_drops_rows_instead_of_blocking_the_caller(tmp_path):
     release.set()
     d.close()
     assert d.written == 2 and len(step_file(tmp_path, "train", 1).read_text().splitlines()) == 2
+
+
+def test_a_full_disk_stops_the_dump_not_the_caller_and_leaves_whole_lines(tmp_path, caplog):
+    """On a real 1 MiB tmpfs: rows are written until the disk is full; the batch that did not fit is truncated away
+    (every line of the file parses), one error names the file, and every later row is counted, never raised."""
+    from tests.support.tmpfs import small_tmpfs
+
+    with small_tmpfs(tmp_path / "fs", 1) as fs:
+        d = RolloutDump(DumpConfig(fs, max_text_chars=0), decode=lambda ids: "y" * 20_000)  # ~60 kB a line
+        row = row_of(handmade_multiturn(P0, [G0, G1], [E0]))
+        with caplog.at_level("ERROR", logger="nemo_gym_adapter.rollouts.dump"):
+            for _ in range(40):  # ~2.4 MB: more than the disk holds
+                d.add(row, SampleContext(1))
+                threading.Event().wait(0.01)  # one row a batch: the failing batch is a single line
+            d.close()
+            d.add(row, SampleContext(2))  # closed: ignored
+        path = step_file(fs, "train", 1)
+        lines = path.read_text().splitlines()
+        assert all(json.loads(line)["step"] == 1 for line in lines)  # whole lines only
+        assert 0 < d.written == len(lines) < 40 and d.failed is not None and str(path) in d.failed
+        assert d.written + d.errors + d.skipped + d.dropped == 40
+        metrics = d.metrics()
+        assert metrics["gym/dump/failed_total"] == 40 - d.written - d.dropped
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "No space left on device" in errors[0] and str(path) in errors[0], errors
+        print(f"\n[disk full] dump: {d.written} rows written, {metrics['gym/dump/failed_total']:g} counted failed")
 
 
 def test_the_viewer_prints_the_worst_and_best_rollouts_and_the_masked_apart(tmp_path, capsys):
