@@ -76,11 +76,15 @@ def main() -> int:
             out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
             for line in out.splitlines():
                 host = line.split()[3].rpartition(":")[0]
-                rows += [(line.split()[3], scope(host), int(p), seen[int(p)]) for p in _USER.findall(line) if int(p) in seen]
+                rows += [
+                    (line.split()[3], scope(host), int(p), seen[int(p)]) for p in _USER.findall(line) if int(p) in seen
+                ]
             rows = sorted(set(rows), key=lambda r: (r[1], r[3]))
             args.out.with_suffix(".ss").write_text("".join(f"{a:30s} {s:8s} {p:7d} {c}\n" for a, s, p, c in rows))
             counts = Counter(r[1] for r in rows)
-            print(f"{time.monotonic() - t0:.0f}s: {len(rows)} listeners: {dict(counts)} -> {args.out.with_suffix('.ss')}")
+            print(
+                f"{time.monotonic() - t0:.0f}s: {len(rows)} listeners: {dict(counts)} -> {args.out.with_suffix('.ss')}"
+            )
         time.sleep(0.5)
     print(f"exit {proc.returncode} after {time.monotonic() - t0:.0f}s; load {os.getloadavg()}")
     return proc.returncode
