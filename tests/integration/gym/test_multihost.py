@@ -19,6 +19,7 @@ places one CPU vLLM replica on each rank's node. Then:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 
 import pytest
 
@@ -80,19 +82,28 @@ def bed():
 
     if ray.is_initialized():
         pytest.fail("a Ray cluster is already up in this process; this module needs the bed's")
-    from nemo_gym_adapter.access.key import ENV
-
     mode = os.environ.get("NGV_MULTIHOST_MODE", "auto")  # "loopback": the fallback, where namespaces cannot be made
-    # The run's rollout key, chosen (attach mode needs one both sides know): the trainer and the Gym service read it.
+    with chosen_rollout_key():
+        bed = MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}, mode=mode).start()
+        try:
+            yield bed
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            bed.close()
+
+
+@contextlib.contextmanager
+def chosen_rollout_key() -> Iterator[dict[str, str]]:
+    """The run's rollout key, chosen in ``NGV_ROLLOUT_API_KEY`` for the block (attach mode needs one both sides know:
+    the trainer and the Gym service read it); yields the header a test's own requests to the replicas send."""
+    from nemo_gym_adapter.access.key import ENV, bearer
+
     previous = os.environ.get(ENV)
     os.environ[ENV] = "multihost-" + secrets.token_urlsafe(24)
-    bed = MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}, mode=mode).start()
     try:
-        yield bed
+        yield bearer(os.environ[ENV])
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        bed.close()
         if previous is None:
             os.environ.pop(ENV, None)
         else:
