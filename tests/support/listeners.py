@@ -9,6 +9,7 @@ them for a whole process tree (a recipe run) once it trains.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import subprocess
 import threading
@@ -93,7 +94,7 @@ class TreeListeners(threading.Thread):
         self.pid, self.log_path, self.trigger, self.interval_s = pid, log_path, trigger, interval_s
         self.pids: set[int] = set()
         self.found: list[Listener] | None = None
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def _sample(self) -> None:
         try:
@@ -101,17 +102,24 @@ class TreeListeners(threading.Thread):
             self.pids |= {self.pid, *(c.pid for c in root.children(recursive=True))}
         except psutil.Error:
             pass
+        # A run started in a session of its own (benchmarks/who_listens.py): its daemons that left the tree keep it.
+        for other in psutil.pids():
+            try:
+                if os.getsid(other) == self.pid:
+                    self.pids.add(other)
+            except OSError:
+                pass
 
     def run(self) -> None:
-        while not self._stop.is_set() and psutil.pid_exists(self.pid):
+        while not self._halt.is_set() and psutil.pid_exists(self.pid):
             self._sample()
             if self.trigger in self.log_path.read_text(errors="replace"):
                 time.sleep(self.interval_s)
                 self._sample()
                 self.found = listeners(pids=self.pids)
                 return
-            self._stop.wait(self.interval_s)
+            self._halt.wait(self.interval_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=30)
