@@ -19,6 +19,7 @@ from nemo_gym_adapter.sglang import patch as sglang_patch
 from tests.sglang.cases import FAMILIES, MAX_MODEL_LEN, SCRIPT, Conversation, say, sglang_tools, two_turns
 from tests.sglang.engine import logprob_of
 from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, piecewise, plain_messages
+from tests.support.hostile_ids import HOSTILE_IDS, PATHS, hostile_body
 
 
 def test_patch_installs_on_sglang_0_5_12(patched):
@@ -324,38 +325,18 @@ def test_concurrent_requests_each_get_their_own_history(servers, patched):
 
 # ----------------------------------------------------------------------------- issue 27: hostile ids, access
 
-VOCAB = 3007  # the tiny qwen25 model's vocabulary (config.json and tokenizer agree)
 
-
-@pytest.mark.parametrize(
-    ("where", "bad", "fragment"),
-    [
-        ("generation_token_ids", [5, VOCAB], f"generation_token_ids[1] = {VOCAB} is out of vocabulary"),
-        ("generation_token_ids", [5, -3], "generation_token_ids[1] must be a non-negative int token id, got -3"),
-        ("generation_token_ids", [True, True], "generation_token_ids[0] must be a non-negative int token id, got True"),
-        ("prompt_token_ids", [5, 6.0], "prompt_token_ids[1] must be a non-negative int token id, got 6.0 (float)"),
-        ("prompt_token_ids", [5, 2**63], f"prompt_token_ids[1] = {2**63} is out of vocabulary"),
-        ("required_prefix_token_ids", [1, 10**9], "required_prefix_token_ids[1] = 1000000000 is out of vocabulary"),
-    ],
-)
+@pytest.mark.parametrize(("where", "bad", "fragment"), HOSTILE_IDS)
 def test_hostile_ids_are_one_400_on_chat_and_tokenize_alike(servers, patched, where, bad, fragment):
     """The vLLM hook's id check, shared (``tokens.anchor``): chat and ``/tokenize`` answer the same 400 naming the
     message, field and element, and the scheduler never sees the request (issue 27)."""
     server = servers("qwen25")
-    ids = {"prompt_token_ids": [1, 2], "generation_token_ids": [3]}
-    body: dict = {}
-    if where == "required_prefix_token_ids":
-        body[where] = bad
-    else:
-        ids[where] = bad
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", **ids}]
-    messages.append({"role": "user", "content": "x"})
     calls = len(server.scheduler.calls)
-    for path, extra in (("/v1/chat/completions", {"max_tokens": 4}), ("/tokenize", {})):
-        r = server.post(path, {"messages": messages, **body, **extra})
+    for path, extra in PATHS:
+        r = server.post(path, {**hostile_body(where, bad), **extra})
         assert r.status_code == 400, (path, r.text)
         assert "nemo-gym-verl token splice" in r.text and fragment in r.text, (path, r.text)
-    assert len(server.scheduler.calls) == calls
+    assert len(server.scheduler.calls) == calls  # nothing reached the engine
 
 
 def test_the_access_guard_refuses_every_route_of_sglangs_app_without_the_key(servers, patched):

@@ -34,6 +34,7 @@ import pytest
 from nemo_gym_adapter.vllm import hooks as vllm_hooks
 from nemo_gym_adapter.vllm import patch as vllm_patch
 from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, follow_up, piecewise, plain_messages
+from tests.support.hostile_ids import HOSTILE_IDS, PATHS, hostile_body
 
 MAX_MODEL_LEN = 1024
 FAMILIES = ["qwen25", "qwen3", "llama3"]
@@ -597,37 +598,15 @@ def test_stock_0_24_answers_these_requests_the_way_issue_19_describes(servers, u
 
 # ----------------------------------------------------------------------------- issue 27: hostile ids, access
 
-VOCAB = 3007  # the tiny qwen25 model's vocabulary (config.json and tokenizer agree)
 
-
-@pytest.mark.parametrize(
-    ("where", "bad", "fragment"),
-    [
-        ("generation_token_ids", [5, VOCAB], f"generation_token_ids[1] = {VOCAB} is out of vocabulary"),
-        ("generation_token_ids", [5, -3], "generation_token_ids[1] must be a non-negative int token id, got -3"),
-        ("generation_token_ids", [True, True], "generation_token_ids[0] must be a non-negative int token id, got True"),
-        ("prompt_token_ids", [5, 6.0], "prompt_token_ids[1] must be a non-negative int token id, got 6.0 (float)"),
-        ("prompt_token_ids", [5, "6"], "prompt_token_ids[1] must be a non-negative int token id, got '6' (str)"),
-        ("prompt_token_ids", [5, 2**63], f"prompt_token_ids[1] = {2**63} is out of vocabulary"),
-        ("required_prefix_token_ids", [True], "required_prefix_token_ids[0] must be a non-negative int token id"),
-        ("required_prefix_token_ids", [1, 10**9], "required_prefix_token_ids[1] = 1000000000 is out of vocabulary"),
-    ],
-)
+@pytest.mark.parametrize(("where", "bad", "fragment"), HOSTILE_IDS)
 def test_hostile_ids_are_one_400_on_chat_and_tokenize_alike(servers, patched, where, bad, fragment):
     """Every id is checked against the engine's vocabulary inside the splice, once, on both routes (issue 27): chat
     and ``/tokenize`` answer the same 400 naming the message, field and element, before the engine sees anything."""
     server = servers("qwen25")
-    ids = {"prompt_token_ids": [1, 2], "generation_token_ids": [3]}
-    body: dict[str, Any] = {}
-    if where == "required_prefix_token_ids":
-        body[where] = bad
-    else:
-        ids[where] = bad
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", **ids}]
-    messages.append({"role": "user", "content": "x"})
     calls = len(server.engine.calls)
-    for path, extra in (("/v1/chat/completions", {"max_tokens": 4}), ("/tokenize", {})):
-        r = server.post(path, {"messages": messages, **body, **extra})
+    for path, extra in PATHS:
+        r = server.post(path, {**hostile_body(where, bad), **extra})
         assert r.status_code == 400, (path, r.text)
         assert "nemo-gym-verl token splice" in r.text and fragment in r.text, (path, r.text)
     assert len(server.engine.calls) == calls  # nothing reached the engine
