@@ -127,7 +127,8 @@ def run_recipe(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, floa
 
 def report(metrics: Path, png: Path, window: int, wall_s: float | None = None) -> bool:
     """Print the curve, the first/last window means and timings; write the PNG. True if the reward went up."""
-    from recipe.nemo_gym.reporting import load_reward_curve, window_summary, write_report
+    from recipe.nemo_gym.reporting import write_report
+    from recipe.nemo_gym.reward_curve import load_reward_curve, window_summary
 
     print(write_report(metrics, png, window=window, table=True, wall_s=wall_s))
     return window_summary(load_reward_curve(metrics), k=window)["difference"] > 0

@@ -35,7 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from recipe.nemo_gym.reporting import (  # noqa: E402
+from recipe.nemo_gym.reward_curve import (  # noqa: E402
     ALL_SCOPE,
     MetricsFileError,
     RewardCurve,

@@ -29,27 +29,19 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from nemo_gym_adapter.gym import server_venvs  # noqa: E402
-from nemo_gym_adapter.gym.catalogue import bundled_env  # noqa: E402
+from nemo_gym_adapter.gym.catalogue import bundled_env, config_needs, load_config_tree  # noqa: E402
 
-SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
-GYM_KEYS = {"policy_base_url", "policy_api_key", "policy_model_name", "default_host", "head_server", "uv_venv_dir"}
-EXTERNAL_MODEL_IMPLS = {
-    "openai_model": "an external API", "azure_openai_model": "an external API", "litellm_model": "an external API",
-    "inference_provider": "an external API", "switchyard_model": "an external API",
-    "local_vllm_model": "a local vLLM (GPU, hub download)", "local_vllm_model_proxy": "a local vLLM (GPU, hub download)",
-    "genrm_model": "a local vLLM (GPU, hub download)",
-}  # fmt: skip
 # Network hits read by hand and found harmless for the example rows (server: why).
 NETWORK_OK = {
     "toolsandbox": "only its RapidAPI search tools reach the network (they need RAPID_API_KEY); the sweep runs offline",
@@ -66,7 +58,6 @@ KEYWORDS: dict[str, list[str]] = {
                  r"spacy\.load", r"git clone"],
 }  # fmt: skip
 HEAVY = ("torch", "torchvision", "vllm", "tensorflow", "jax")
-_INTERP = re.compile(r"\$\{([^{}]+)\}")
 
 
 @dataclass
@@ -138,62 +129,10 @@ def _sources(server_dir: Path, entry: str) -> list[Path]:
     return seen
 
 
-def _config_blockers(root: Path, path: Path, env: str, seen: set[Path] | None = None) -> tuple[list[str], dict]:
-    """(why this config cannot run here, its parsed data merged with what it includes)."""
-    import yaml
-
-    seen = seen if seen is not None else set()
-    seen.add(path)
-    text = path.read_text()
-    data = yaml.safe_load(text) or {}
-    blockers: list[str] = []
-    instances = {n for n, v in data.items() if isinstance(v, dict) and set(v) & set(SERVER_TYPES)}
-    for inc in data.get("config_paths") or []:
-        inc_path = root / inc
-        if inc_path.is_file() and inc_path not in seen:
-            more, inc_data = _config_blockers(root, inc_path, env, seen)
-            blockers += more
-            instances |= {n for n, v in inc_data.items() if isinstance(v, dict)}
-            data = {**inc_data, **data}
-    refs = {v["name"] for v in _walk_dicts(data) if v.get("type") in SERVER_TYPES and isinstance(v.get("name"), str)}
-    missing = sorted(refs - instances - {"policy_model", "???"})  # ???: OmegaConf's MISSING, filled by the includer
-    if missing:
-        blockers.append(f"external service: servers not defined ({', '.join(missing)})")
-    keys = {e.strip() for e in _INTERP.findall(text)}
-    undefined = sorted(
-        k for k in keys if ":" not in k and not k.startswith("oc.") and k not in data and k not in GYM_KEYS
-    )
-    if undefined:
-        blockers.append("external service: keys not defined (" + ", ".join(f"${{{k}}}" for k in undefined) + ")")
-    required_env = sorted(k[len("oc.env:") :] for k in keys if k.startswith("oc.env:") and "," not in k)
-    if required_env:
-        blockers.append(f"external service: environment variables {', '.join(required_env)}")
-    if "sandbox_provider" in text or "sandbox_config" in text:
-        blockers.append("needs a container/sandbox runtime (sandbox_provider in its config)")
-    if re.search(r"description:.*not a standalone server", text, re.I):
-        blockers.append("a base class, not a standalone server (its config says so)")
-    for name, block in data.items():
-        models = block.get("responses_api_models") if isinstance(block, dict) else None
-        for impl, body in models.items() if isinstance(models, dict) else ():
-            if impl in EXTERNAL_MODEL_IMPLS:
-                blockers.append(f"external service: model server {name} is {EXTERNAL_MODEL_IMPLS[impl]}")
-            url = body.get("base_url") if isinstance(body, dict) else None
-            for u in [url] if isinstance(url, str) else url if isinstance(url, list) else []:
-                if isinstance(u, str) and u.startswith("http") and not re.match(r"https?://(127\.|localhost)", u):
-                    blockers.append(f"external service: model server {name} at {u}")
-    return blockers, data
-
-
-def _walk_dicts(node: Any) -> list[dict]:
-    out = []
-    if isinstance(node, dict):
-        out.append(node)
-        for v in node.values():
-            out += _walk_dicts(v)
-    elif isinstance(node, list):
-        for v in node:
-            out += _walk_dicts(v)
-    return out
+def _config_blockers(root: Path, path: Path, env: str) -> tuple[list[str], dict]:
+    """(why this config cannot run here, its parsed data merged with what it includes): ``gym.catalogue.config_needs``
+    -- what ``collect --env`` ranks configs by -- with no environment variable set (the sweep runs without keys)."""
+    return config_needs(root, path, environ={"PATH": os.defpath}), load_config_tree(root, path)
 
 
 def _impl_blockers(root: Path, rel: str, entry: str) -> tuple[list[str], list[str]]:

@@ -12,8 +12,10 @@ The policy is a checkpoint (``--model``; default: the demo's tiny model) served 
 default the model's own: ``ngv_json`` for the converted tool model, ``hermes`` otherwise; ``--no-patch`` serves it with
 stock vLLM, to measure what the patch fixes) on loopback, requiring a key generated for this run (on every route with
 the patch, under ``/v1`` without it; ``nemo_gym_adapter.access``; Gym's model server gets it through its environment),
-or any OpenAI-compatible server (``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is started here with the bundled environments (``--env NAME``: the config that declares
-its ``data/example.jsonl`` for an agent, as Gym links rows to agents: ``gym.catalogue``) and/or your configs
+or any OpenAI-compatible server (``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is
+started here with the bundled environments (``--env NAME``: the config that declares its ``data/example.jsonl`` for an
+agent, as Gym links rows to agents, preferring one that needs nothing from outside -- a key nobody sets, an API, a
+program not installed --, else naming what it needs: ``gym.catalogue``) and/or your configs
 (``--config-path``) in front of that policy, or attached to (``--gym-head-url``: that Gym's own policy). Rows: ``--data``
 JSONL files (rows without ``agent_ref``/``task_source`` go to ``--agent``, else to the one ``--env``'s agent) or each
 ``--env``'s bundled examples (routed to the declaring agent), times ``--repeats``; every row is checked before
@@ -284,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             gym_root = None if args.gym_head_url else gym_package_root(paths.gym_venv())
             bundled = [bundled_env(gym_root, env) for env in args.envs] if gym_root is not None else []
+            for env in bundled:
+                if env.needs:  # every config of the environment needs something: say what before Gym refuses it
+                    print(
+                        f"warning: --env {env.name}: {env.config} (the config that declares its examples) needs "
+                        f"{'; '.join(env.needs)}; no config of it needs nothing from outside. Define the keys in a "
+                        "config of yours (--config-path), set the environment variables, or install the programs",
+                        file=sys.stderr,
+                    )
             files = row_files(args, bundled, Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ngv-rows-"))))
             # Every row is checked before anything starts: a bad row costs a second, not a Gym start-up. The rows are
             # loaded again once Gym runs, with its task_source map (a cache hit apart from that map).

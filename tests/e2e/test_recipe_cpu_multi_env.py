@@ -7,7 +7,8 @@ Checked from the console logger: each step carries both environments' metrics un
 nothing under ``timing_s/gym/``), each environment got its weighted half of the batch, toy_lookup made two model
 calls per rollout and toy_choice one; the validation passes log per-environment validation reward under verl's
 naming (``val-core/<env>/reward/mean@1``) and ours (``val-core/<env>/gym/reward_mean``) plus each environment's own
-Gym ``/aggregate_metrics``; the run's reward-curve PNG has one series per environment; no process is left behind.
+Gym ``/aggregate_metrics``; the run's reward-curve PNG has one series per environment and each one's validation
+success; no process is left behind.
 With ``trainer.rollout_data_dir`` set, the readable dump (``nemo_gym.rollout_dump``) has a line per rollout of every
 training step and validation pass: toy_lookup's two tool calls with their names and arguments, the tool's output in
 between, each call's decoded generation; toy_choice's letter. Lean on purpose (CI budget): 4 rows x 2 samples per
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym.reporting import load_reward_curve
+from recipe.nemo_gym.reward_curve import load_reward_curve
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
 from tests.support.listeners import TreeListeners, table
 
@@ -89,6 +90,7 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
     _check_readable_rollouts(tmp_path / "rollouts" / "gym", steps)
     curve = load_reward_curve(tmp_path / "gym" / "metrics.jsonl")
     assert set(curve.reward) == {"all", *ENVS}
+    assert curve.val_steps == [0, STEPS] and set(curve.val_success) == {"all", *ENVS}  # on the PNG too
     assert (tmp_path / "gym" / "reward_curve.png").is_file()
     print(
         f"multi-env recipe: {wall:.0f}s wall; validation reward "

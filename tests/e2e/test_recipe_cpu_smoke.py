@@ -2,18 +2,21 @@
 trainer.use_v1=false`` (the v1 trainer, the default, is tests/e2e/test_recipe_v1_cpu.py, with these helpers).
 
 One subprocess runs the whole thing as a user would: verl's legacy trainer with the FSDP2 actor on CPU, the CPU vLLM
-replica (patched), NeMo Gym (``example_single_tool_call``, its bundled example rows) started by our manager, two
-GRPO steps (``masked_grpo``) with a weight sync to vLLM after each. Checked from the console logger's output:
-both steps are logged with per-environment reward, masked rate, contiguity rate and the rollout-vs-actor logprob
-gap. A second, one-step run has every rollout masked and must still finish, with the gap metrics (ours and verl's
-``rollout_corr/*``) as NaN. Afterwards no process may be left: the test process becomes a child subreaper for the
-run, so anything the run leaves behind (Ray helpers, Gym servers re-parented away from their dead parents) lands here
-and is caught.
+replica (patched), NeMo Gym (``example_single_tool_call``, its bundled example rows) started by our manager, three
+GRPO steps (``masked_grpo``) with a weight sync to vLLM after each. Checked from the console logger's output: steps
+1 and 2 are logged with per-environment reward, masked rate, contiguity rate and the rollout-vs-actor logprob gap,
+and the engine's weights moved between them. Step 3's rows have prompts longer than ``data.max_prompt_length``
+(:func:`masked_step_rows`), so every rollout of that step is masked: the step must still finish, with the gap metrics
+(ours and verl's ``rollout_corr/*``) as NaN. (Two launches asserted this before, one of them only for the all-masked
+step: one launch is ~150 s less CI.) Afterwards no process may be left: the test process becomes a child subreaper
+for the run, so anything the run leaves behind (Ray helpers, Gym servers re-parented away from their dead parents)
+lands here and is caught.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import re
@@ -106,6 +109,30 @@ def batch_overrides(batch: int, n: int) -> list[str]:
     ]
 
 
+def masked_step_rows(path: Path, batch: int = 2, steps: int = STEPS) -> Path:
+    """A data file (``data.shuffle=false``) whose first ``steps`` batches are Gym's example rows and whose last batch
+    has prompts longer than the CPU configs' ``data.max_prompt_length`` (256 tokens; vLLM's context is 1024): every
+    rollout of step ``steps + 1`` comes back masked ``prompt_too_long``, the steps before are ordinary."""
+    from tests.support.gym_fixtures import example_rows
+
+    rows = example_rows()
+    normal = [rows[i % len(rows)] for i in range(batch * steps)]
+    long = []
+    for i in range(batch):
+        row = json.loads(json.dumps(rows[i % len(rows)]))
+        message = row["responses_create_params"]["input"][-1]
+        message["content"] += " Please answer in full detail." * 10  # ~110 more tokens: ~330 of 256
+        long.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in normal + long))
+    return path
+
+
+def masked_step_overrides(tmp_path: Path) -> tuple[str, ...]:
+    """Overrides for :data:`STEPS` ordinary steps and then one whose every rollout is masked (:func:`masked_step_rows`)."""
+    rows = masked_step_rows(tmp_path / "rows.jsonl")
+    return (f"data.train_files=[{rows}]", f"data.val_files=[{rows}]", f"trainer.total_training_steps={STEPS + 1}")
+
+
 def _run_recipe(
     tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cpu", watch: Any = None
 ) -> tuple[str, float]:
@@ -143,12 +170,12 @@ def _run_recipe(
     return text, wall
 
 
-def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_children):
+def test_grpo_steps_then_an_all_masked_step_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_children):
     run_dir = tmp_path / "gym"
     text, wall = _run_recipe(
         tmp_path,
         LEGACY,
-        f"trainer.total_training_steps={STEPS}",
+        *masked_step_overrides(tmp_path),
         # A large step, so step 1's update (AdamW's weight decay alone, should every advantage be 0) moves the engine's
         # log-probs well above float32 noise (measured: 1.3e-5 on the probe; the step-1 probe was identical to 15
         # digits across separate runs, so an unsynced engine reads the same value twice).
@@ -156,8 +183,10 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     )
 
     steps = _parse_steps(text)
-    assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    assert sorted(steps) == list(range(1, STEPS + 2)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     for step, m in steps.items():
+        if step > STEPS:
+            continue  # the all-masked step, below
         for key in (
             f"gym/{ENV}/reward_mean",
             "gym/all/masked_rate",
@@ -177,15 +206,26 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     # The engine's log-probability of a fixed prompt, read before each step's rollouts: step 2 sees the weights
     # verl synced after step 1's update (AdamW changes them even with zero advantages), step 1 the initial ones.
     # With no sync the engine keeps its weights and the probe stays put (to float32 noise).
-    probes = [steps[s]["gym/engine/probe_logprob_mean"] for s in sorted(steps)]
+    probes = [steps[s]["gym/engine/probe_logprob_mean"] for s in range(1, STEPS + 1)]
     assert abs(probes[1] - probes[0]) > PROBE_MIN_MOVE, f"rollout engine weights did not change after step 1: {probes}"
+
+    # Every rollout of the last step masked (prompts longer than data.max_prompt_length): verl's step runs to the end.
+    # verl's own rollout-correction step raises on a batch without a valid token; the trainer's guard
+    # (recipe.nemo_gym.rollout_correction) reports its metrics as NaN instead, like onpolicy/*.
+    m = steps[STEPS + 1]
+    assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
+    assert m["onpolicy/num_tokens"] == 0
+    for key in ("onpolicy/logprob_abs_diff_mean", "onpolicy/kl_k3", "rollout_corr/kl", "rollout_corr/k3_kl"):
+        assert key in m and math.isnan(m[key]), (key, sorted(m))
     print(
         f"engine probe logprob per step: {probes}; recipe: {wall:.0f}s wall; per step "
         + ", ".join(
             f"{s}: gen {m['timing_s/gen']:.1f}s step {m['timing_s/step']:.1f}s "
             f"gap {m['onpolicy/logprob_abs_diff_mean']:.1e} k3 {m['onpolicy/kl_k3']:.1e}"
             for s, m in sorted(steps.items())
+            if s <= STEPS
         )
+        + f"; all-masked step: actor/pg_loss {m.get('actor/pg_loss')}"
     )
 
     assert not (run_dir / "gym.pid").exists()  # the manager stopped Gym itself
@@ -200,30 +240,8 @@ def test_two_grpo_steps_on_cpu_with_gym_metrics_and_no_orphans(tmp_path, reaped_
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 
 
-def test_a_step_with_every_sample_masked_completes_with_nan_gap_metrics(tmp_path, reaped_children):
-    """Every rollout masked (each prompt is longer than ``data.max_prompt_length``): verl's step runs to the end.
-
-    verl's own rollout-correction step raises on a batch without a valid token; the trainer's guard
-    (``recipe.nemo_gym.rollout_correction``) reports its metrics as NaN instead, like ``onpolicy/*``.
-    """
-    text, wall = _run_recipe(tmp_path, LEGACY, "trainer.total_training_steps=1", "data.max_prompt_length=16")
-    steps = _parse_steps(text)
-    assert sorted(steps) == [1], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
-    m = steps[1]
-    assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
-    assert m["onpolicy/num_tokens"] == 0
-    for key in ("onpolicy/logprob_abs_diff_mean", "onpolicy/kl_k3", "rollout_corr/kl", "rollout_corr/k3_kl"):
-        assert key in m and math.isnan(m[key]), (key, sorted(m))
-    print(f"all-masked step: {wall:.0f}s wall; actor/pg_loss {m.get('actor/pg_loss')}")
-    assert not (tmp_path / "gym" / "gym.pid").exists()
-    left = reaped_children()
-    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
-
-
 def test_driver_sweeps_a_gym_left_behind_by_a_killed_task_runner(tmp_path):
     """If the TaskRunner dies without stopping Gym, the driver's sweep stops Gym's session from the pid file."""
-    import json
-
     from nemo_gym_adapter.gym.servers import PID_FILE
     from recipe.nemo_gym.main import sweep_gym
 

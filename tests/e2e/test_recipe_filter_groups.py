@@ -11,14 +11,13 @@ Checked from verl's own rollout dump of each trained batch (``trainer.rollout_da
 sample with its group uid and score), independently of the adapter's metrics: no trained group comes from a
 fixed-outcome row, every trained group has both outcomes; verl's ``filter_groups/evicted_samples`` counted the dropped
 groups and the adapter's ``gym/train/groups_without_signal_rate`` is 0 while its per-environment ``groups/same_outcome``
-counted them as finished rollouts. The control (filter off, same rows and seed; ``NGV_SLOW_TESTS=1``) shows the same
+counted them as finished rollouts. The control (filter off, same rows and seed; the slow tier, ``pytest --slow``) shows the same
 checks fail: fixed-outcome groups are trained and the no-signal rate is above 0. No process is left behind.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,7 +32,6 @@ ENV = "toy_choice_simple_agent"
 STEPS = 2
 BATCH, N = 2, 4
 OPEN, ONLY_A, ONLY_B = (0, 2, 4, 6), (1, 5), (3, 7)  # interleaved: any two consecutive rows hold a fixed one
-SLOW = pytest.mark.skipif(not os.environ.get("NGV_SLOW_TESTS"), reason="set NGV_SLOW_TESTS=1 (not in CI)")
 
 
 def _allow_only(row: dict, token_id: int) -> dict:
@@ -129,7 +127,7 @@ def test_groups_with_one_outcome_are_dropped_and_refilled_on_the_v1_trainer(tmp_
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 
 
-@SLOW
+@pytest.mark.slow
 def test_control_without_the_filter_fixed_outcome_groups_are_trained(tmp_path, reaped_children):  # noqa: F811
     steps, trained, _ = _run(tmp_path, enable=False)
     kinds = [kind for groups in trained.values() for kind, _ in groups.values()]

@@ -20,8 +20,8 @@ Measured (2 cores, shared): 218 s at load average 3, 219 s at 6-7 (launch 1 kill
 the sampler of before ``EnvWeightedSampler.state_dict`` the test fails on launch 2's step 4 (epoch 0's rows again).
 
 The legacy trainer (``trainer.use_v1=false``) resumes through the same pieces (verl's ``data.pt``, the same sampler,
-verl's ``_load_checkpoint`` and weight sync); its variant passes too (281 s at load average 10-14) but runs only with
-``NGV_SLOW_TESTS=1``, to keep CI's e2e tier short.
+verl's ``_load_checkpoint`` and weight sync); its variant passes too (281 s at load average 10-14) but is in the slow tier
+(``pytest --slow``, docs/CI.md), to keep CI's e2e tier short.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ SAVE_AT, KILL_AFTER, TOTAL = 3, 4, 5  # checkpoint at 3; SIGKILL once step 4 is 
 SEED = 0
 PROBE = "gym/engine/probe_logprob_mean"
 PROBE_TOL = 1e-6  # same weights, same engine, same prompt: equal up to float32 noise
-SLOW = pytest.mark.skipif(not os.environ.get("NGV_SLOW_TESTS"), reason="set NGV_SLOW_TESTS=1 (not in CI)")
 
 
 def _rows(path: Path) -> list[str]:
@@ -158,7 +157,7 @@ def reaping_orphans(launches: list[Launch]) -> Iterator[None]:
         thread.join()
 
 
-@pytest.mark.parametrize("trainer", ["v1", pytest.param("legacy", marks=[pytest.mark.slow, SLOW])])
+@pytest.mark.parametrize("trainer", ["v1", pytest.param("legacy", marks=pytest.mark.slow)])
 def test_a_run_killed_mid_step_resumes_at_its_checkpoint_with_the_same_rows_and_weights(
     tmp_path, reaped_children, trainer
 ):

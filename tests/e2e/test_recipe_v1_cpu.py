@@ -3,13 +3,14 @@ default: ``trainer.use_v1=True``, ``trainer.v1.trainer_mode=sync``).
 
 One subprocess: verl's v1 ``PPOTrainerSync`` with the FSDP2 actor on CPU, real TransferQueue, the CPU vLLM replica
 (patched), NeMo Gym (``example_single_tool_call``) started by our manager (``recipe.nemo_gym.agent_loop_tq``), two
-GRPO steps (``masked_grpo``) with a weight sync after each. Checked from verl's console logger: both steps are logged
-with the rollout metrics under their own names (``gym/<env>/reward_mean``, ``gym/all/masked_rate/<reason>``, never
-``timing_s/gym/...``), the on-policy gap, verl's staleness metrics computed from the weight-version tags we stamp
-(a sample generated under weight version k = step - 1 carries k), and the engine probe moves after step 1 (the weight
-sync reached vLLM). A second, one-step run has every rollout masked: the groups still finish (the replay buffer does
-not stall), counted by reason. No process may be left. Helpers are the legacy e2e's
-(``tests/e2e/test_recipe_cpu_smoke.py``).
+GRPO steps (``masked_grpo``) with a weight sync after each, then a third step whose rows are all too long (the legacy
+e2e's ``masked_step_rows``). Checked from verl's console logger: steps 1 and 2 are logged with the rollout metrics
+under their own names (``gym/<env>/reward_mean``, ``gym/all/masked_rate/<reason>``, never ``timing_s/gym/...``), the
+on-policy gap, verl's staleness metrics computed from the weight-version tags we stamp (a sample generated under
+weight version k = step - 1 carries k), and the engine probe moves after step 1 (the weight sync reached vLLM); in
+step 3 every rollout is masked and the groups still finish (the replay buffer does not stall), counted by reason.
+(A separate one-step launch asserted the all-masked step before: ~100 s less CI.) No process may be left. Helpers
+are the legacy e2e's (``tests/e2e/test_recipe_cpu_smoke.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ import pytest
 
 from nemo_gym_adapter.rollouts.trajectory import MaskReason
 from tests.e2e import test_recipe_cpu_smoke as legacy
-from tests.e2e.test_recipe_cpu_smoke import ENV, GAP_TOL, LR, PROBE_MIN_MOVE, STEPS, _parse_steps, _run_recipe
+from tests.e2e.test_recipe_cpu_smoke import (
+    ENV,
+    GAP_TOL,
+    LR,
+    PROBE_MIN_MOVE,
+    STEPS,
+    _parse_steps,
+    _run_recipe,
+    masked_step_overrides,
+)
 
 reaped_children = legacy.reaped_children  # the legacy e2e's fixture: this process reaps what the run leaves
 pytestmark = pytest.mark.e2e
@@ -33,15 +43,17 @@ def _masked_counts_add_up(m: dict[str, float]) -> None:
     assert by_reason == pytest.approx(m["gym/all/masked_rate"]), m
 
 
-def test_two_grpo_steps_on_v1_with_plain_gym_metrics_and_no_orphans(tmp_path, reaped_children):
-    text, wall = _run_recipe(
-        tmp_path, *V1, f"trainer.total_training_steps={STEPS}", f"actor_rollout_ref.actor.optim.lr={LR}"
-    )
+def test_grpo_steps_then_an_all_masked_step_on_v1_with_plain_gym_metrics_and_no_orphans(tmp_path, reaped_children):
+    text, wall = _run_recipe(tmp_path, *V1, *masked_step_overrides(tmp_path), f"actor_rollout_ref.actor.optim.lr={LR}")
     assert "PPOTrainerSync" in text or "v1, sync" in text, text[-3000:]
     steps = _parse_steps(text)
-    assert sorted(steps) == list(range(1, STEPS + 1)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    assert sorted(steps) == list(range(1, STEPS + 2)), f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     for step, m in steps.items():
         assert not [k for k in m if k.startswith("timing_s/gym")], sorted(m)  # plain names, not timings
+        _masked_counts_add_up(m)
+        assert m["gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every sample put (and trained)
+        if step > STEPS:
+            continue  # the all-masked step, below
         for key in (
             f"gym/{ENV}/reward_mean",
             "gym/all/masked_rate",
@@ -54,23 +66,29 @@ def test_two_grpo_steps_on_v1_with_plain_gym_metrics_and_no_orphans(tmp_path, re
             "actor/pg_loss",
         ):
             assert key in m and math.isfinite(m[key]), (step, key, sorted(m))
-        assert m["gym/all/num_samples"] == 2 * 4  # train_batch_size x rollout.n, every sample put and trained
-        _masked_counts_add_up(m)
         assert m["onpolicy/num_tokens"] > 0
         assert m["onpolicy/logprob_abs_diff_mean"] < GAP_TOL, (step, m["onpolicy/logprob_abs_diff_mean"])
         # verl computes these from our min/max_global_steps tags: generated under weight version step - 1, in one go.
         assert m["training/off_policy/trajectory_staleness/max"] == 0, (step, m)
         assert m["training/off_policy/trajectory_staleness_worst/max"] == 0, (step, m)
         assert m["training/off_policy/trajectory_spans/max"] == 1, (step, m)
-    probes = [steps[s]["gym/engine/probe_logprob_mean"] for s in sorted(steps)]
+    probes = [steps[s]["gym/engine/probe_logprob_mean"] for s in range(1, STEPS + 1)]
     assert abs(probes[1] - probes[0]) > PROBE_MIN_MOVE, f"rollout engine weights did not change after step 1: {probes}"
+    # Every rollout of the last step masked (prompts longer than data.max_prompt_length): each group is still
+    # published finished with its masked samples, so verl's replay buffer samples it (no stall, no "no materializable
+    # trajectories" error) and the step trains on nothing.
+    m = steps[STEPS + 1]
+    assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
+    assert m["onpolicy/num_tokens"] == 0 and math.isnan(m["onpolicy/logprob_abs_diff_mean"])
     print(
         f"v1 engine probe per step: {probes}; recipe: {wall:.0f}s wall; per step "
         + ", ".join(
             f"{s}: gen {m['timing_s/gen']:.1f}s step {m['timing_s/step']:.1f}s rollout {m['gym/timing/rollout_s']:.1f}s "
             f"put {m['gym/timing/tq_put_s']:.3f}s gap {m['onpolicy/logprob_abs_diff_mean']:.1e}"
             for s, m in sorted(steps.items())
+            if s <= STEPS
         )
+        + f"; all-masked step: actor/pg_loss {m.get('actor/pg_loss')}"
     )
     assert not (tmp_path / "gym" / "gym.pid").exists()  # the manager stopped Gym itself
     # nemo_gym.ray_head: early (the default): Gym joined the Ray head the task runner started; it is stopped too
@@ -80,24 +98,6 @@ def test_two_grpo_steps_on_v1_with_plain_gym_metrics_and_no_orphans(tmp_path, re
     warm_logs = "".join(p.read_text() for p in (tmp_path / "gym").glob("gym_warm-*.log"))
     assert "warm Gym launcher: launch received" in warm_logs, warm_logs[-2000:]
     assert not (tmp_path / "gym" / "gym_warm.pid").exists()
-    left = reaped_children()
-    assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
-
-
-def test_a_v1_step_with_every_sample_masked_finishes_and_counts_the_reason(tmp_path, reaped_children):
-    """Every rollout masked (prompts longer than ``data.max_prompt_length``): each group is still published
-    ``finished`` with its masked samples, so verl's replay buffer samples it (no stall, no "no materializable
-    trajectories" error) and the step trains on nothing."""
-    text, wall = _run_recipe(tmp_path, *V1, "trainer.total_training_steps=1", "data.max_prompt_length=16")
-    steps = _parse_steps(text)
-    assert sorted(steps) == [1], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
-    m = steps[1]
-    assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
-    _masked_counts_add_up(m)
-    assert m["gym/all/num_samples"] == 2 * 4 and m["onpolicy/num_tokens"] == 0
-    assert math.isnan(m["onpolicy/logprob_abs_diff_mean"])
-    print(f"v1 all-masked step: {wall:.0f}s wall; actor/pg_loss {m.get('actor/pg_loss')}")
-    assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 
@@ -117,7 +117,10 @@ SEPARATE_ASYNC = (
 ASYNC_MODES = {"colocate_async": (10, ()), "separate_async": (3, SEPARATE_ASYNC)}
 
 
-@pytest.mark.parametrize("mode", sorted(ASYNC_MODES))
+# One async mode in the default tier, the other in the slow tier (CI budget, docs/CI.md): separate_async covers more of
+# ours (the CPU checkpoint engine, the standalone replica, task_runner_v1.check_separate_async); colocate_async runs
+# the same manager, tags and staleness path on verl's colocated replica.
+@pytest.mark.parametrize("mode", [pytest.param("colocate_async", marks=pytest.mark.slow), "separate_async"])
 def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp_path, reaped_children, mode):
     """verl's async modes on the README demo (toy environment, one-letter replies): rollouts of the next batches run
     while the actor trains, so some steps train on samples generated under the previous weights. Every sample carries

@@ -106,6 +106,9 @@ def test_config_error_inside_gym_is_reported_with_its_log(tmp_path):
     assert rec.seen and wait_gone(rec.seen, 15.0) == []
 
 
+# Slow tier (~90 s here at load 3-5): the unit tier names a crashed server with its log tail against the fake Gym
+# (tests/unit/gym/test_servers.py::test_crashed_server_is_named_with_log_tail); this is real Gym's crash log.
+@pytest.mark.slow
 def test_crashing_server_is_named_with_its_log_tail(tmp_path):
     # vllm_model rejects this combination when it starts: the server process exits, Gym's launcher follows.
     crash = {
@@ -196,7 +199,12 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("mode", ["cold", "warm", "warm-waiting"])
+# The default run SIGTERMs the shipped mode (warm: the early Ray head, Gym launched by the warm launcher); cold and a
+# launcher still waiting are the slow tier's (~50 s here): every other test here launches cold, and the unit tier
+# stops a waiting warm launcher (tests/unit/gym/test_warm.py).
+@pytest.mark.parametrize(
+    "mode", [pytest.param("cold", marks=pytest.mark.slow), "warm", pytest.param("warm-waiting", marks=pytest.mark.slow)]
+)
 def test_sigterm_to_the_trainer_stops_gym_and_ray(tmp_path, mode):
     """SIGTERM to the trainer stops everything of Gym: a cold launch and its own Ray; the early Ray head with Gym
     launched by the warm launcher; the head and a warm launcher still waiting for its launch."""
@@ -293,6 +301,9 @@ def _readline(proc: subprocess.Popen, timeout: float) -> str:
     return out[0]
 
 
+# Slow tier (~70 s here): every e2e launch joins the early head (its log line is asserted), a restart joining it again
+# is tests/integration/gym/test_server_down.py's (real Gym, early head), and the unit tier's test_ray_head restarts.
+@pytest.mark.slow
 def test_gym_joins_an_early_ray_head_a_restart_reuses_it_and_nothing_is_left(tmp_path):
     """``nemo_gym.ray_head: early``: a real ``ray start`` from Gym's venv; Gym connects to it (its log says so) and
     runs no Ray cluster of its own (one GCS, the head's); a Gym restart joins the same head; stopping Gym, then the
@@ -368,6 +379,10 @@ def _launch_facts(gym: GymServers) -> dict:
     }
 
 
+# Slow tier (~80 s here): every e2e launch is warm and asserted to be, cold launches are the rest of this module's, and
+# the unit tier compares a warm and a cold launch against the fake Gym (tests/unit/gym/test_warm.py); this compares
+# real Gym's configs, environments and logs: run it when Gym or gym/warm*.py change.
+@pytest.mark.slow
 def test_a_warm_launch_starts_the_same_gym_as_a_cold_one_and_nothing_is_left(tmp_path):
     """``nemo_gym.warm_launcher``: Gym launched by the warm launcher (imports done before the launch) has the same
     global config (ports and run dir aside), servers, server environments (HF_HOME derived from the cwd), working

@@ -10,7 +10,7 @@ import pytest
 
 from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError
-from nemo_gym_adapter.gym.catalogue import BundledEnv, bundled_env, declared_rows
+from nemo_gym_adapter.gym.catalogue import BundledEnv, bundled_env, config_needs, declared_rows
 
 AGENT_YAML = """{agent}:
   responses_api_agents:
@@ -87,6 +87,8 @@ GYM_ROOT = next(paths.gym_venv().glob("lib/python3*/site-packages/resources_serv
         ("terminal_multi_harness", "terminal_multi_harness_codex.yaml", "terminal_multi_harness_codex_agent"),
         ("format_verification", "freeform_formatting.yaml", "freeform_formatting_simple_agent"),
         ("example_single_tool_call", "example_single_tool_call.yaml", "example_single_tool_call_simple_agent"),
+        # its examples are declared only by Claude Code and Codex harness configs (keys, CLIs): its own simple agent
+        ("reasoning_gym", "reasoning_gym.yaml", "reasoning_gym_simple_agent"),
     ],
 )
 def test_gyms_own_environments_resolve_as_gym_declares_them(name, config, agent):
@@ -106,3 +108,48 @@ def test_the_agent_the_rows_name_breaks_ties_and_stands_in_for_a_missing_declara
         "resources_servers/undeclared/configs/b.yaml",
         "b_agent",
     )
+
+
+HARNESS_YAML = """{agent}:
+  responses_api_agents:
+    {impl}:
+      model: {model}
+      model_server: {{type: responses_api_models, name: policy_model}}
+      datasets:
+      - {{name: example, type: example, jsonl_fpath: resources_servers/{env}/data/example.jsonl}}
+"""
+
+
+def test_a_config_that_needs_something_from_outside_gives_way_to_one_that_needs_nothing(tmp_path):
+    """reasoning_gym-like: the configs that declare the examples need a key nobody sets or a program that is not
+    installed; the environment's own config (its simple agent, no declaration) can take the rows and needs nothing."""
+    cli = tmp_path / "responses_api_agents" / "cli_agent"
+    cli.mkdir(parents=True)
+    (cli / "app.py").write_text('import subprocess\nsubprocess.run(["ngv-no-such-cli-xyz", "--version"])\n')
+    configs = {
+        "rg_harness.yaml": HARNESS_YAML.format(
+            agent="rg_harness", impl="harness_agent", model="${vendor_model}", env="rg"
+        ),
+        "rg_cli.yaml": HARNESS_YAML.format(agent="rg_cli", impl="cli_agent", model="${policy_model_name}", env="rg"),
+        "rg_env.yaml": HARNESS_YAML.format(agent="rg_env", impl="simple_agent", model="${oc.env:NGV_TOKEN}", env="rg"),
+    }
+    _env_tree(tmp_path, "rg", configs, [{"responses_create_params": {"input": "q"}}])
+    root = tmp_path
+    assert config_needs(root, root / "resources_servers/rg/configs/rg_harness.yaml") == [
+        "external service: keys not defined (${vendor_model})"
+    ]
+    assert config_needs(root, root / "resources_servers/rg/configs/rg_cli.yaml") == [
+        "programs not installed: ngv-no-such-cli-xyz (its agent runs them)"
+    ]
+    env_cfg = root / "resources_servers/rg/configs/rg_env.yaml"
+    assert config_needs(root, env_cfg, environ={}) == ["external service: environment variables NGV_TOKEN"]
+    assert config_needs(root, env_cfg, environ={"NGV_TOKEN": "x"}) == []
+    # every declaring config needs something: the first one is kept, and what it needs is named
+    b = bundled_env(root, "rg", environ={})
+    assert (b.agent, b.needs) == ("rg_cli", ("programs not installed: ngv-no-such-cli-xyz (its agent runs them)",))
+    assert bundled_env(root, "rg", environ={"NGV_TOKEN": "x"}).agent == "rg_env"  # declares, needs nothing
+    (root / "resources_servers/rg/configs/rg.yaml").write_text(
+        "rg_simple_agent:\n  responses_api_agents:\n    simple_agent: {}\n"
+    )
+    b = bundled_env(root, "rg", environ={})  # declares nothing, but the rows name no agent: it can take them
+    assert (b.config, b.agent, b.needs) == ("resources_servers/rg/configs/rg.yaml", "rg_simple_agent", ())

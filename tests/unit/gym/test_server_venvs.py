@@ -58,3 +58,20 @@ def test_a_missing_module_names_the_requirement_that_should_have_provided_it():
         "human-eval-infilling is not",
         "module 'yaml' is imported but not installed, and no requirement names it",
     ]
+
+
+def test_a_module_the_server_ships_in_its_own_folder_and_puts_on_sys_path_is_its_own(tmp_path):
+    """iheval-like: ``ifeval/instructions_registry.py`` shipped with the server and imported bare after a sys.path
+    shim is the server's module (not "imported but not installed"); its own third-party imports are still checked."""
+    server = tmp_path / "resources_servers" / "env"
+    (server / "ifeval").mkdir(parents=True)
+    (server / "tests").mkdir()
+    (server / "ifeval" / "registry.py").write_text("import checks\n")
+    (server / "ifeval" / "checks.py").write_text("import langdetect\nfrom absl import logging\n")
+    (server / "tests" / "vendored_only_in_tests.py").write_text("import pytest\n")
+    shim = "import sys\nsys.path.insert(0, 'ifeval')\n"
+    (server / "app.py").write_text(shim + "def registry():\n    import registry\n    import vendored_only_in_tests\n")
+    assert sv.imported_modules(server, ["app.py"]) == {"langdetect", "absl", "vendored_only_in_tests"}
+    # control: without the server putting anything on sys.path a bare import is a third-party module
+    (server / "app.py").write_text("def registry():\n    import registry\n")
+    assert sv.imported_modules(server, ["app.py"]) == {"registry"}
