@@ -4,6 +4,7 @@ model through their real apps (``tests/vllm024``, ``tests/sglang``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 VOCAB = 3007  # the tiny qwen25 model's vocabulary (config.json and tokenizer agree)
@@ -33,3 +34,14 @@ def hostile_body(where: str, bad: list[Any]) -> dict[str, Any]:
         ids[where] = bad
     assistant = {"role": "assistant", "content": "yo", **ids}
     return {"messages": [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "x"}], **body}
+
+
+def assert_refused_on_both_routes(
+    post: Callable[[str, dict[str, Any]], Any], where: str, bad: list[Any], fragment: str
+) -> None:
+    """``post(path, body)`` (the suite's client; an httpx-like answer) of :func:`hostile_body` to chat and
+    ``/tokenize``: both answers the splice's 400 holding ``fragment``."""
+    for path, extra in PATHS:
+        r = post(path, {**hostile_body(where, bad), **extra})
+        assert r.status_code == 400, (path, r.text)
+        assert "nemo-gym-verl token splice" in r.text and fragment in r.text, (path, r.text)
