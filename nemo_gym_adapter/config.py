@@ -30,6 +30,7 @@ in the README's keys table.
       env: {}                        # extra environment for Gym's processes
       patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
+      partial_rollouts: true         # a turn a weight sync aborted resumes from its tokens (false: 503, regenerated)
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null,
                max_body_mb: 128}       # max_body_mb: the largest /run body read (rollouts.transport)
       trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null}
@@ -180,6 +181,9 @@ class NemoGymConfig(_Section):
     # system/user/tool messages are always refused): keep_ids -- the ids win, as Gym documents message-level ids as
     # the single source of truth -- or refuse (HTTP 400 naming the message; decodes every earlier generation).
     assistant_edits: Literal["keep_ids", "refuse"] = "keep_ids"
+    # A turn a weight sync aborted (verl's async trainer modes) is resumed inside the patched server from the tokens
+    # it had (vllm.resume); false: answered 503 and regenerated whole by Gym's retry, as before.
+    partial_rollouts: bool = True
     client: ClientSection = Field(default_factory=ClientSection)
     trajectory: TrajectorySection = Field(default_factory=TrajectorySection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)

@@ -82,6 +82,25 @@ def sum_on_actors(actor_handles: Mapping[str, Any], fn: Callable[[Any], int], ti
         return None
 
 
+def sum_dicts_on_actors(
+    actor_handles: Mapping[str, Any], fn: Callable[[Any], Mapping[str, int]], timeout: float = 10.0
+) -> dict[str, int] | None:
+    """Per key, the sum of ``fn(actor_self)`` (a dict of counts) over the actors: metrics, so None (logged) when any
+    actor does not answer."""
+    import ray
+
+    try:
+        refs = [h.__ray_call__.remote(fn) for h in actor_handles.values()]
+        totals: dict[str, int] = {}
+        for counts in ray.get(refs, timeout=timeout):
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0) + int(value)
+        return totals
+    except Exception as e:  # a metric read must not fail a step
+        logger.warning("reading %s from the server actors %s failed: %r", fn.__name__, list(actor_handles), e)
+        return None
+
+
 def actor_identity(actor_self: Any) -> tuple[str, str]:
     """Inside an actor: its Ray name (the class name when it has none) and its node's IP."""
     import ray

@@ -40,12 +40,19 @@ ABORT_MESSAGE = (
     f"{ABORT_MARKER} (finish_reason='abort': the engine was paused for a weight sync, or the request was aborted); "
     "the partial output is withheld so that it is not trained as a finished turn; retry the request"
 )
-_COUNTS = {"aborted": 0}  # aborted answers turned into 503s in this process
+# In this process: aborted answers turned into 503s, and the generated tokens they withheld (Gym's retry generates
+# them again: SGLang has no partial rollouts here, docs/SGLANG.md).
+_COUNTS = {"aborted": 0, "regenerated_tokens": 0}
 
 
 def aborted_total() -> int:
     """How many aborted generations were answered 503 in this process since it started (chat and completions)."""
     return _COUNTS["aborted"]
+
+
+def regenerated_tokens_total() -> int:
+    """How many generated tokens those 503s withheld in this process."""
+    return _COUNTS["regenerated_tokens"]
 
 
 def was_aborted(ret_item: Mapping[str, Any]) -> bool:
@@ -54,9 +61,11 @@ def was_aborted(ret_item: Mapping[str, Any]) -> bool:
     return isinstance(reason, Mapping) and reason.get("type") == "abort"
 
 
-def refuse(serving: Any) -> Any:
-    """Count one aborted answer and return the serving object's own 503 error response naming the abort."""
+def refuse(serving: Any, ret: Sequence[Mapping[str, Any]] = ()) -> Any:
+    """Count one aborted answer (and the generated tokens of ``ret``, the results it withholds) and return the
+    serving object's own 503 error response naming the abort."""
     _COUNTS["aborted"] += 1
+    _COUNTS["regenerated_tokens"] += sum(len(r.get("output_ids") or ()) for r in ret)
     return serving.create_error_response(
         ABORT_MESSAGE, err_type="ServiceUnavailableError", status_code=HTTPStatus.SERVICE_UNAVAILABLE
     )
@@ -98,7 +107,7 @@ def make_response_wrapper(original: Any, *, chat: bool = True) -> Any:
     @functools.wraps(original)
     def build_response(self: Any, request: Any, ret: Sequence[Mapping[str, Any]], created: int) -> Any:
         if any(was_aborted(r) for r in ret):
-            return refuse(self)
+            return refuse(self, ret)
         response = original(self, request, ret, created)
         ids = CURRENT.get() if chat else None
         if ids is None or not (ids.return_token_ids or ids.tokens_as_ids) or not hasattr(response, "model_dump"):

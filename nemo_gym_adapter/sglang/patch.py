@@ -26,7 +26,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nemo_gym_adapter.errors import SetupError
-from nemo_gym_adapter.server_actors import actor_identity, call_on_actors, find_server_actors, sum_on_actors
+from nemo_gym_adapter.server_actors import (
+    actor_identity,
+    call_on_actors,
+    find_server_actors,
+    sum_dicts_on_actors,
+    sum_on_actors,
+)
 from nemo_gym_adapter.sglang import answer, hooks
 from nemo_gym_adapter.sglang.request_ids import SENTINEL, make_request_wrapper
 from nemo_gym_adapter.tokens.splice import ASSISTANT_EDITS
@@ -185,9 +191,16 @@ def _patch_inside_actor(actor_self: Any, assistant_edits: str = "keep_ids") -> P
 
 
 def apply_patch_to_actors(
-    actor_handles: Iterable[Any] | Mapping[str, Any], timeout: float = 120.0, *, assistant_edits: str = "keep_ids"
+    actor_handles: Iterable[Any] | Mapping[str, Any],
+    timeout: float = 120.0,
+    *,
+    assistant_edits: str = "keep_ids",
+    partial_rollouts: bool = True,
 ) -> list[PatchReport]:
     """Apply the patch inside each live actor (verl's ``sglang_server_*``); one report per actor, in order.
+
+    ``partial_rollouts`` is accepted for the engines' common signature and has no effect: on SGLang a turn a weight
+    sync aborted is always answered 503 and regenerated (what resuming it would take: docs/SGLANG.md).
 
     ``actor_handles``: handles, or a mapping name -> handle (names are used in errors). The actors must be able to
     import ``nemo_gym_adapter`` (same image / runtime env). Raises ``ServerError`` naming the first actor that failed
@@ -205,6 +218,21 @@ def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> in
     """Sum over the server actors of the generations answered 503 because SGLang aborted them; None (logged) when
     any actor does not answer: a metric, never a failed step."""
     return sum_on_actors(actor_handles, _aborted_inside_actor, timeout)
+
+
+def _counters_inside_actor(actor_self: Any) -> dict[str, int]:
+    aborted = answer.aborted_total()
+    return {
+        "interrupted_turns": aborted,
+        "aborted_turns": aborted,
+        "regenerated_tokens": answer.regenerated_tokens_total(),
+    }
+
+
+def engine_counters(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> dict[str, int] | None:
+    """Sums over the server actors: ``interrupted_turns`` = ``aborted_turns`` (every aborted turn is answered 503)
+    and ``regenerated_tokens`` (the tokens those 503s withheld); None (logged) when any actor does not answer."""
+    return sum_dicts_on_actors(actor_handles, _counters_inside_actor, timeout)
 
 
 def find_sglang_server_actors(all_namespaces: bool = False) -> dict[str, Any]:

@@ -8,14 +8,18 @@ the partial text and token ids; Gym's ``vllm_model`` maps only ``length``/``cont
 ``incomplete_details``, so the cut turn reaches the agent as a ``completed`` response and the row would be trained as
 if the model had stopped there. verl's own agent loops resume aborted requests; Gym's HTTP calls cannot.
 
-With the guard (installed beside the token-ID patch by :func:`nemo_gym_adapter.vllm.patch.apply_patch`), such an
-answer becomes a 503 whose message starts with :data:`ABORT_MARKER`. Gym's model client retries 503 (its
-``RATE_LIMIT_ERROR_CODES``; ``MAX_NUM_TRIES`` = 3 attempts, 0.5 s apart): the retry is accepted by the paused engine
-and waits there until ``resume_generation``, so the turn is regenerated from its start on the new weights. If Gym
-gives up, the row's ``/run`` fails and the trajectory is masked ``aborted``
-(:data:`nemo_gym_adapter.rollouts.trajectory.MaskReason.ABORTED`, counted in ``gym/*/masked_rate/aborted``). Every 503
-is counted in the serving process (:func:`aborted_total`; the managers log the sum over verl's server actors as
-``gym/engine/aborted_turns_total``, read with ``vllm.patch.aborted_turns``).
+Most such turns never get here: partial rollouts (:mod:`nemo_gym_adapter.vllm.resume`) resume them inside the server
+from the tokens they had. The guard answers the rest, turns that cannot be resumed (``tokens.resume.REFUSALS``:
+``nemo_gym.partial_rollouts: false``, structured outputs, output penalties, ...). With the guard (installed beside
+the token-ID patch by :func:`nemo_gym_adapter.vllm.patch.apply_patch`), such an answer becomes a 503 whose message
+starts with :data:`ABORT_MARKER`. Gym's model client retries 503 (its ``RATE_LIMIT_ERROR_CODES``; ``MAX_NUM_TRIES`` = 3
+attempts, 0.5 s apart): the retry is accepted by the paused engine and waits there until ``resume_generation``, so
+the turn is regenerated from its start on the new weights. If Gym gives up, the row's ``/run`` fails and the
+trajectory is masked ``aborted`` (:data:`nemo_gym_adapter.rollouts.trajectory.MaskReason.ABORTED`, counted in
+``gym/*/masked_rate/aborted``). Every 503 is counted in the serving process, with the generated tokens it withheld
+(:func:`aborted_total`, :func:`regenerated_tokens_total`; the managers log the sums over verl's server actors as
+``gym/engine/aborted_turns_total`` and ``gym/engine/regenerated_tokens_total``, read with
+``vllm.patch.engine_counters``).
 
 The vLLM paths Gym 0.7.0's ``vllm_model`` calls (``responses_api_models/vllm_model/app.py``), all non-streaming, and
 what guards each (:data:`ABORT_GUARD_TARGETS`, one mechanism: find the ``RequestOutput`` s, answer 503 if any ended
@@ -91,7 +95,9 @@ ABORT_GUARD_TARGETS = (
     ),
 )
 GUARD_SENTINEL = "__ngv_abort_guard__"
-_COUNTS = {"aborted": 0}  # aborted answers turned into 503s in this process (read through Ray: aborted_total)
+# In this process: aborted answers turned into 503s, and the generated tokens they withheld (each one is generated
+# again when Gym retries the turn). Read through Ray: aborted_total, regenerated_tokens_total.
+_COUNTS = {"aborted": 0, "regenerated_tokens": 0}
 
 
 def aborted_total() -> int:
@@ -99,16 +105,28 @@ def aborted_total() -> int:
     return _COUNTS["aborted"]
 
 
+def regenerated_tokens_total() -> int:
+    """How many generated tokens those 503s withheld (Gym's retry generates them again) in this process."""
+    return _COUNTS["regenerated_tokens"]
+
+
+def generated_tokens(outputs: Any) -> int:
+    """The generated tokens of ``RequestOutput`` s (all their completions)."""
+    return sum(len(o.token_ids) for res in outputs for o in (getattr(res, "outputs", None) or ()))
+
+
 def was_aborted(output: Any) -> bool:
     """True when a ``RequestOutput`` has a completion that ended with ``finish_reason="abort"``."""
     return any(getattr(o, "finish_reason", None) == "abort" for o in getattr(output, "outputs", None) or ())
 
 
-def refuse(serving: Any) -> Any:
-    """Count one aborted answer and return the serving object's own 503 ``ErrorResponse`` naming the abort."""
+def refuse(serving: Any, outputs: Any = ()) -> Any:
+    """Count one aborted answer (and the generated tokens of ``outputs``, the ``RequestOutput`` s it withholds) and
+    return the serving object's own 503 ``ErrorResponse`` naming the abort."""
     from http import HTTPStatus
 
     _COUNTS["aborted"] += 1
+    _COUNTS["regenerated_tokens"] += generated_tokens(outputs)
     return serving.create_error_response(
         ABORT_MESSAGE, err_type="ServiceUnavailableError", status_code=HTTPStatus.SERVICE_UNAVAILABLE
     )
@@ -145,7 +163,7 @@ def make_abort_guard(original: Any, outputs: str = "stream") -> Any:
             if getattr(response, "choices", None) is None:  # an error answer of vLLM's own
                 return response
             if watch.aborted:
-                return refuse(self)
+                return refuse(self, [watch.last])
             return attach_token_fields(request, response, watch.last)
 
         guard: Any = guarded_stream
@@ -154,7 +172,7 @@ def make_abort_guard(original: Any, outputs: str = "stream") -> Any:
         @functools.wraps(original)
         def guarded_batch(self: Any, final_res_batch: Any, *args: Any, **kw: Any) -> Any:
             if any(was_aborted(res) for res in final_res_batch):
-                return refuse(self)
+                return refuse(self, final_res_batch)
             return original(self, final_res_batch, *args, **kw)
 
         guard = guarded_batch

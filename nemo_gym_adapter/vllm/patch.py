@@ -3,8 +3,10 @@
 * :func:`apply_patch`: in this process (``nemo_gym_adapter.vllm.server`` does it before vLLM's server starts). It
   picks the hook of the installed vLLM version (``vllm.hooks.HOOK_TARGETS``), raises ``SetupError`` for an
   unsupported version or a missing hook, wraps it once (a second call reports ``already_patched``) and logs it.
-  It also installs the abort guard (:mod:`nemo_gym_adapter.vllm.abort`: an aborted completion answers 503) and the
-  output-budget clamp on ``/v1/completions`` (:mod:`nemo_gym_adapter.vllm.request_limits`).
+  It also installs partial rollouts (:mod:`nemo_gym_adapter.vllm.resume`: a turn a weight sync aborted is resumed
+  from the tokens it had), the abort guard for the turns that cannot be resumed (:mod:`nemo_gym_adapter.vllm.abort`:
+  an aborted completion answers 503) and the output-budget clamp on ``/v1/completions``
+  (:mod:`nemo_gym_adapter.vllm.request_limits`).
 * :func:`apply_patch_to_actors`: inside verl's live rollout server actors (``vllm_server_{replica}_{node}``, found by
   :func:`find_vllm_server_actors`) through ``actor.__ray_call__``; one :class:`PatchReport` per actor, or a
   ``ServerError`` naming the actor that failed or did not answer (the Ray side is
@@ -22,8 +24,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nemo_gym_adapter.errors import SetupError
-from nemo_gym_adapter.server_actors import actor_identity, call_on_actors, find_server_actors, sum_on_actors
+from nemo_gym_adapter.server_actors import (
+    actor_identity,
+    call_on_actors,
+    find_server_actors,
+    sum_dicts_on_actors,
+    sum_on_actors,
+)
 from nemo_gym_adapter.tokens.splice import ASSISTANT_EDITS
+from nemo_gym_adapter.vllm import resume
 from nemo_gym_adapter.vllm.abort import ABORT_GUARD_TARGETS, install_abort_guard
 from nemo_gym_adapter.vllm.hooks import OPTIONS, SENTINEL, hook_target_for, make_harmony_guard, make_wrapper
 from nemo_gym_adapter.vllm.request_limits import make_completion_wrapper
@@ -45,6 +54,7 @@ class PatchReport:
     actor: str | None = None
     node_ip: str | None = None  # the Ray node's IP when applied inside an actor
     assistant_edits: str = "keep_ids"
+    partial_rollouts: bool = True
 
     backend = "vllm"  # the engine (a class attribute: the SGLang patch's report has the same three names)
 
@@ -53,11 +63,13 @@ class PatchReport:
         return self.vllm_version
 
 
-def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
+def apply_patch(assistant_edits: str = "keep_ids", partial_rollouts: bool = True) -> PatchReport:
     """Install the splice on this process's vLLM; idempotent (a second call reports ``already_patched``).
 
     ``assistant_edits`` (``nemo_gym.assistant_edits``): what a tokenized assistant message whose text was changed
     while its ids were kept gets: ``keep_ids`` (its ids win) or ``refuse`` (HTTP 400); set on every call.
+    ``partial_rollouts`` (``nemo_gym.partial_rollouts``): a turn a weight sync aborted is resumed from its tokens
+    (``vllm.resume``), or (``False``) answered 503 and regenerated whole; set on every call.
     Raises ``SetupError`` for an unsupported vLLM version, a missing hook or an unknown option.
     """
     import vllm
@@ -92,14 +104,26 @@ def apply_patch(assistant_edits: str = "keep_ids") -> PatchReport:
         elif getattr(completion, SENTINEL, None) is None:
             setattr(cls, target.completion, make_completion_wrapper(completion))
         OPTIONS["assistant_edits"] = assistant_edits
-        # An aborted generation (weight sync in verl's async trainers) answers 503, not a cut "success".
-        if not install_abort_guard():
+        # A generation a weight sync aborted (verl's async trainers) is resumed from its tokens, or, when it cannot
+        # be, answered 503, never as a cut "success".
+        resume.OPTIONS["enabled"] = bool(partial_rollouts)
+        if not install_resume_and_guard():
             logger.info(
-                "nemo-gym-verl abort guard installed on %s (vLLM %s)",
+                "nemo-gym-verl partial rollouts (%s) and abort guard installed on %s (vLLM %s)",
+                "on" if partial_rollouts else "off",
                 ", ".join(t.endpoint for t in ABORT_GUARD_TARGETS),
                 version,
             )
-    return PatchReport(version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits)
+    return PatchReport(
+        version, target.dotted, already, os.getpid(), assistant_edits=assistant_edits, partial_rollouts=partial_rollouts
+    )
+
+
+def install_resume_and_guard() -> bool:
+    """Partial rollouts and the abort guard (both idempotent); True when both were already installed."""
+    resumed = resume.install_resume()
+    guarded = install_abort_guard()
+    return resumed and guarded
 
 
 def is_patched() -> bool:
@@ -112,25 +136,38 @@ def is_patched() -> bool:
     return getattr(getattr(cls, method_name, None), SENTINEL, None) is not None
 
 
-def _patch_inside_actor(actor_self: Any, assistant_edits: str = "keep_ids") -> PatchReport:
-    """Runs inside a live actor via ``__ray_call__`` (``actor_self`` is the actor instance)."""
-    report = apply_patch(assistant_edits)
+def _patch_inside_actor(
+    actor_self: Any, assistant_edits: str = "keep_ids", partial_rollouts: bool = True
+) -> PatchReport:
+    """Runs inside a live actor via ``__ray_call__`` (``actor_self`` is the actor instance, verl's server: resumed
+    segments read their weight version from it)."""
+    report = apply_patch(assistant_edits, partial_rollouts)
+    resume.set_server(actor_self)
     name, node_ip = actor_identity(actor_self)
     return replace(report, actor=name, node_ip=node_ip)
 
 
 def apply_patch_to_actors(
-    actor_handles: Iterable[Any] | Mapping[str, Any], timeout: float = 120.0, *, assistant_edits: str = "keep_ids"
+    actor_handles: Iterable[Any] | Mapping[str, Any],
+    timeout: float = 120.0,
+    *,
+    assistant_edits: str = "keep_ids",
+    partial_rollouts: bool = True,
 ) -> list[PatchReport]:
     """Apply the patch inside each live actor (verl's ``vllm_server_*``) with ``actor.__ray_call__.remote``.
 
-    ``assistant_edits``: as for :func:`apply_patch`, set in every actor.
+    ``assistant_edits``, ``partial_rollouts``: as for :func:`apply_patch`, set in every actor.
     ``actor_handles``: handles, or a mapping name -> handle (names are used in errors). The actors must be able to
     import ``nemo_gym_adapter`` (same venv / runtime env). Returns one report per actor, in order. Raises
     ``ServerError`` naming the first actor that failed or did not answer within ``timeout`` seconds in total.
     """
     return call_on_actors(
-        actor_handles, _patch_inside_actor, assistant_edits, timeout=timeout, what="vLLM token-ID patch"
+        actor_handles,
+        _patch_inside_actor,
+        assistant_edits,
+        partial_rollouts,
+        timeout=timeout,
+        what="vLLM token-ID patch",
     )
 
 
@@ -144,6 +181,24 @@ def aborted_turns(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> in
     """Sum over the server actors of the generations the abort guard answered 503 (``vllm.abort``); None
     (logged) when any actor does not answer: a metric, never a failed step."""
     return sum_on_actors(actor_handles, _aborted_inside_actor, timeout)
+
+
+def _counters_inside_actor(actor_self: Any) -> dict[str, int]:
+    from nemo_gym_adapter.vllm.abort import aborted_total, regenerated_tokens_total
+
+    return {
+        **resume.counters(),
+        "aborted_turns": aborted_total(),
+        "regenerated_tokens": regenerated_tokens_total(),
+    }
+
+
+def engine_counters(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> dict[str, int] | None:
+    """Sums over the server actors of what happened to generations a weight sync aborted: ``interrupted_turns``,
+    ``resumes``, ``resumed_turns``, ``resumed_tokens`` (kept), ``refused_turns`` and ``refused/<reason>``,
+    ``seam_stop_cuts``, ``seam_cut_tokens`` (``vllm.resume.counters``), ``aborted_turns`` (answered 503) and
+    ``regenerated_tokens`` (the tokens those 503s withheld); None (logged) when any actor does not answer."""
+    return sum_dicts_on_actors(actor_handles, _counters_inside_actor, timeout)
 
 
 def find_vllm_server_actors(prefix: str = ACTOR_PREFIX, all_namespaces: bool = False) -> dict[str, Any]:

@@ -41,7 +41,9 @@ mode can stall on them. A masked *training* sample is put when its group settles
 
 **Weight versions** (``min_global_steps``/``max_global_steps``; verl stamps them in its own LLM client, which Gym
 bypasses): the ``global_steps`` the vLLM servers hold (verl's ``ServerAdapter.update_weights`` sets it after every
-weight sync) when the batch is dispatched and when the sample comes back.
+weight sync) when the batch is dispatched and when the sample comes back (read afresh in the async trainer modes).
+They bracket every token's weights, a turn resumed across a sync included (partial rollouts, ``vllm.resume``: its
+segments' versions lie between the two).
 
 **Metrics**: the rollouts finished since the last call of :meth:`drain_metrics` (the recipe's v1 trainer calls it
 once per step and puts the result into the step's metric dict under their own names: ``gym/<env>/reward_mean``,
@@ -64,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import transfer_queue as tq
+from omegaconf import OmegaConf
 from tensordict import TensorDict
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
@@ -123,6 +126,10 @@ class GroupState:
 class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
     """verl v1 rollout manager whose rollouts are NeMo Gym ``/run`` calls (see the module docstring)."""
 
+    # Async trainer modes sync weights while rollouts run: a sample's newest weight version is read after it came
+    # back (never a cached read from before a sync whose resumed turns it carries). Set from the trainer mode.
+    _fresh_versions = False
+
     def start(self) -> None:
         super().start()
         self._loop = LoopThread("gym-rollout-tq")
@@ -135,6 +142,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         self._windows = {"train": RolloutWindow(), "val": RolloutWindow()}
         self._probe: dict[str, float] = {}
         self._version: tuple[float, tuple[int, int]] | None = None
+        self._fresh_versions = OmegaConf.select(self.config, "trainer.v1.trainer_mode", default="sync") != "sync"
         self._groups = GroupLedger()
         # A batch that ended with ServerDownError (every replica or the attached Gym lost): raised at the next
         # dispatch and by the trainer's replay buffer (task_runner_v1), so the run ends with its message.
@@ -274,7 +282,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         async def on_row(row: RowResult) -> None:
             i, session = slots[row.index]
             prompt, state = groups[i][0], settling[i]
-            latest = await self._read_versions_async()
+            latest = await self._read_versions_async(fresh=self._fresh_versions)
             versions = (dispatched_version, max(latest[1], dispatched_version))
             # A split rollout (contiguity: split, training only) is several samples, each with the rollout's outcome.
             samples = (row.trajectory,) if validate else row.samples
@@ -327,9 +335,10 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         """(min, max) ``global_steps`` over the replicas now (0 before the first sync)."""
         return self._remember(weight_versions(self.live_replica_handles()))
 
-    async def _read_versions_async(self) -> tuple[int, int]:
+    async def _read_versions_async(self, fresh: bool = False) -> tuple[int, int]:
+        """Like :meth:`_read_versions`, reusing a read younger than ``VERSION_CACHE_S`` unless ``fresh``."""
         cached = self._version
-        if cached is not None and time.monotonic() - cached[0] < VERSION_CACHE_S:
+        if not fresh and cached is not None and time.monotonic() - cached[0] < VERSION_CACHE_S:
             return cached[1]
         return self._remember(await weight_versions_async(self.live_replica_handles()))
 

@@ -46,20 +46,29 @@ class Engine:
     name: str  # verl's rollout.name
     label: str  # for messages
     actor_prefix: str  # verl's server actor names: {prefix}{replica}_{node}
-    patch: ModuleType  # apply_patch_to_actors(handles, assistant_edits=) and aborted_turns(handles)
+    patch: ModuleType  # apply_patch_to_actors(handles, assistant_edits=, partial_rollouts=), engine_counters(handles)
     probe_api: str  # how policy.probe_logprob asks it for prompt log-probs
 
     def find_actors(self) -> dict[str, Any]:
         """The live server actors of this engine in this Ray namespace, by name."""
         return find_server_actors(self.actor_prefix)
 
-    def apply_patch(self, handles: Mapping[str, Any], assistant_edits: str) -> list[Any]:
+    def apply_patch(self, handles: Mapping[str, Any], assistant_edits: str, partial_rollouts: bool = True) -> list[Any]:
         """The token-ID patch inside every actor (``ServerError`` naming the actor that failed)."""
-        return list(self.patch.apply_patch_to_actors(handles, assistant_edits=assistant_edits))
+        return list(
+            self.patch.apply_patch_to_actors(
+                handles, assistant_edits=assistant_edits, partial_rollouts=partial_rollouts
+            )
+        )
 
     def aborted_turns(self, handles: Mapping[str, Any]) -> int | None:
         """Generations the engine aborted and the patch answered 503 (a metric: None when unreadable)."""
         return self.patch.aborted_turns(handles)
+
+    def engine_counters(self, handles: Mapping[str, Any]) -> dict[str, int] | None:
+        """What happened to generations a weight sync aborted, summed over the actors (``interrupted_turns``,
+        ``resumes``, ``resumed_tokens``, ``aborted_turns``, ``regenerated_tokens``, ...; None when unreadable)."""
+        return self.patch.engine_counters(handles)
 
 
 ENGINES: dict[str, Engine] = {

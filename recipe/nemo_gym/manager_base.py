@@ -132,7 +132,9 @@ class GymManagerBase:
         self.replica_handles = dict(handles)
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
         if self.recipe.gym.patch_vllm:
-            self.patch_reports = patch_replicas(handles, self.engine, self.recipe.gym.assistant_edits)
+            self.patch_reports = patch_replicas(
+                handles, self.engine, self.recipe.gym.assistant_edits, self.recipe.gym.partial_rollouts
+            )
         if self.run_key is not None:
             self.guard_reports = guard_replicas(handles, self.replica_endpoints, self.run_key)
         t1 = time.perf_counter()
@@ -280,9 +282,11 @@ class GymManagerBase:
     def engine_probe_metrics(self) -> dict[str, float]:
         """``gym/engine/probe_logprob_mean``: the first replica's mean log-probability of :data:`policy.PROBE_TEXT`
         with the weights it serves now (``policy.probe_logprob``, the engine's own API); it moves only when a weight
-        sync reached the engine. ``gym/engine/aborted_turns_total`` (patched replicas): model
-        calls the engine aborted and the patch's abort guard sent back to Gym for a retry (``vllm.abort``,
-        ``sglang.answer``; cumulative). Each key is left out when it cannot be read (a failed read never fails a
+        sync reached the engine. ``gym/engine/<count>_total`` (patched replicas, cumulative): what happened to
+        model calls the engine aborted at a weight sync (``Engine.engine_counters``): ``interrupted_turns``,
+        ``resumes``, ``resumed_turns``, ``resumed_tokens`` (kept), ``refused_turns`` (and per reason),
+        ``aborted_turns`` (sent back to Gym with a 503, ``vllm.abort``, ``sglang.answer``) and ``regenerated_tokens``
+        (what those 503s threw away). Each key is left out when it cannot be read (a failed read never fails a
         step)."""
         dead = self.dead_replicas()
         address = next((a for a in self.replicas if a not in dead), None)
@@ -293,10 +297,11 @@ class GymManagerBase:
         )
         metrics = {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
         if self.recipe.gym.patch_vllm and self.replica_handles:
-            # Chat completions the engine aborted (async weight syncs) that the guard sent back to Gym for a retry.
-            aborted = self.engine.aborted_turns(self.live_replica_handles())
-            if aborted is not None:
-                metrics["gym/engine/aborted_turns_total"] = float(aborted)
+            # Model calls the engine aborted at async weight syncs: resumed from their tokens (partial rollouts), or
+            # sent back to Gym with a 503 and regenerated (cumulative, summed over the live server actors).
+            counts = self.engine.engine_counters(self.live_replica_handles())
+            for key, value in (counts or {}).items():
+                metrics[f"gym/engine/{key}_total"] = float(value)
         return metrics
 
     def shutdown(self) -> None:

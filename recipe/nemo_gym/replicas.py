@@ -56,12 +56,15 @@ def find_replicas(llm_client: Any, engine: Engine = ENGINES["vllm"]) -> tuple[li
 
 
 def patch_replicas(
-    handles: Mapping[str, Any], engine: Engine = ENGINES["vllm"], assistant_edits: str = "keep_ids"
+    handles: Mapping[str, Any],
+    engine: Engine = ENGINES["vllm"],
+    assistant_edits: str = "keep_ids",
+    partial_rollouts: bool = True,
 ) -> list[Any]:
     """The engine's token-ID patch inside every server actor; a missing, hook-less or other-engine report is a
     ``ServerError``. Each report (``vllm.patch.PatchReport``, ``sglang.patch.PatchReport``) is logged: actor, pid,
     node, hook, engine and version."""
-    reports = engine.apply_patch(handles, assistant_edits)  # raises ServerError naming the failing actor
+    reports = engine.apply_patch(handles, assistant_edits, partial_rollouts)  # ServerError naming a failing actor
     if len(reports) != len(handles):
         raise ServerError(f"token-ID patch: {len(reports)} reports for {len(handles)} actors {list(handles)}")
     for name, report in zip(handles, reports, strict=True):

@@ -114,30 +114,41 @@ SEPARATE_ASYNC = (
     "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_zmq",
     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.nemo_gym.cpu.checkpoint_engine",
 )
-ASYNC_MODES = {"colocate_async": (10, ()), "separate_async": (3, SEPARATE_ASYNC)}
+# (steps, overrides, config). colocate_async runs Gym's example_single_tool_call (turns of up to 192 tokens) with four
+# batches of rollouts ahead, so turns are in flight at every weight sync (benchmarks/bench_partial_rollouts.py's load):
+# partial rollouts must resume them all, none regenerated.
+COLOCATE_ASYNC = ("trainer.v1.colocate_async.num_warmup_batches=4",)
+ASYNC_MODES = {
+    "colocate_async": (6, COLOCATE_ASYNC, "nemo_gym_cpu"),
+    "separate_async": (3, SEPARATE_ASYNC, "nemo_gym_cpu_toy"),
+}
 
 
 # One async mode in the default tier, the other in the slow tier (CI budget, docs/CI.md): separate_async covers more of
 # ours (the CPU checkpoint engine, the standalone replica, task_runner_v1.check_separate_async); colocate_async runs
-# the same manager, tags and staleness path on verl's colocated replica.
+# the same manager, tags and staleness path on verl's colocated replica, with long turns that partial rollouts must
+# resume (the default tier proves a resume on the live server: tests/integration/vllm/test_weight_sync_abort.py).
 @pytest.mark.parametrize("mode", [pytest.param("colocate_async", marks=pytest.mark.slow), "separate_async"])
 def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp_path, reaped_children, mode):
-    """verl's async modes on the README demo (toy environment, one-letter replies): rollouts of the next batches run
+    """verl's async modes (``separate_async`` on the README demo: toy environment, one-letter replies;
+    ``colocate_async`` on Gym's example_single_tool_call with long turns): rollouts of the next batches run
     while the actor trains, so some steps train on samples generated under the previous weights. Every sample carries
     the weight version the vLLM servers held when it was generated (``min/max_global_steps``), which verl turns into
     staleness metrics: never negative (no sample claims weights newer than the trainer's), 0 on step 1 (everything was
     generated under version 0), at least 1 on some step (the overlap happened). ``separate_async``: the standalone
     replica's weights move every step (the CPU checkpoint engine delivered them; the probe reads that replica).
-    No process may be left: the run that first failed this left a fresh Ray cluster's agents behind
-    (docs/V1_NOTES.md). ~2 min wall each (colocate_async 10 steps, separate_async 3)."""
-    steps_wanted, overrides = ASYNC_MODES[mode]
+    Turns in flight at a sync are resumed from their tokens (partial rollouts): none answered 503, none regenerated;
+    ``colocate_async``, whose long turns are always in flight at a sync, resumed some. No process may be left: the
+    run that first failed this left a fresh Ray cluster's agents behind (docs/V1_NOTES.md). ~2-3 min wall each
+    (colocate_async 6 steps, separate_async 3)."""
+    steps_wanted, overrides, config_name = ASYNC_MODES[mode]
     text, wall = _run_recipe(
         tmp_path,
         "trainer.use_v1=true",
         f"trainer.v1.trainer_mode={mode}",
         f"trainer.total_training_steps={steps_wanted}",
         *overrides,
-        config_name="nemo_gym_cpu_toy",
+        config_name=config_name,
     )
     assert f"(v1, {mode})" in text, text[-3000:]
     steps = _parse_steps(text)
@@ -160,6 +171,19 @@ def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp
         if "gym/engine/aborted_turns_total" in steps[s]
     ]
     assert aborted and aborted == sorted(aborted), f"aborted turns per step: {aborted}"
+    # Partial rollouts (nemo_gym_adapter.vllm.resume): every turn an abort interrupted resumed from its tokens inside
+    # the server; none was answered 503 and regenerated. The last counters read from verl's server actors (cumulative;
+    # read at a step's first dispatch, so they lag a sync). The toy's one-letter turns are rarely in flight at a sync
+    # (separate_async, 3 steps: measured 0); colocate_async's long turns always are.
+    engine = {
+        k.removeprefix("gym/engine/").removesuffix("_total"): v
+        for k, v in steps[max(s for s in steps if "gym/engine/interrupted_turns_total" in steps[s])].items()
+        if k.startswith("gym/engine/") and k.endswith("_total")
+    }
+    assert engine["regenerated_tokens"] == engine["aborted_turns"] == engine["refused_turns"] == 0, engine
+    assert engine["resumes"] >= engine["interrupted_turns"] >= engine["resumed_turns"], engine
+    if mode == "colocate_async":
+        assert engine["resumed_turns"] > 0 and engine["resumed_tokens"] > 0, f"no turn resumed at a sync: {engine}"
     masked_aborted = sum(m.get("gym/all/masked_rate/aborted", 0.0) for m in steps.values())
     probes = [
         steps[s]["gym/engine/probe_logprob_mean"] for s in sorted(steps) if "gym/engine/probe_logprob_mean" in steps[s]
@@ -169,7 +193,8 @@ def test_async_mode_overlaps_rollouts_with_training_and_tags_weight_versions(tmp
         assert all(abs(b - a) > PROBE_MIN_MOVE for a, b in zip(probes, probes[1:], strict=False)), probes
     print(
         f"{mode}: {wall:.0f}s wall; staleness max per step {stale}; aborted turns (cumulative) {aborted}; "
-        f"masked 'aborted' rate summed over steps {masked_aborted}; engine probe per step {probes}"
+        f"masked 'aborted' rate summed over steps {masked_aborted}; engine probe per step {probes}; "
+        f"interrupted turns {engine}"
     )
     assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()

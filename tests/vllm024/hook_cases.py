@@ -73,6 +73,10 @@ class ScriptedEngine:
     errored: bool = False
     finish_reason: str = "stop"  # "abort": the request ends as vLLM's pause_generation(mode="abort") ends it
     dead_error: Exception = field(default_factory=lambda: RuntimeError("engine dead"))
+    # Pauses: the next call is cut after this many tokens with finish "abort"; the call after it (the resumed
+    # request, whose prompt then ends with those tokens) generates the rest of the same answer.
+    aborts: list[int] = field(default_factory=list)
+    rest: list[int] | None = None
 
     @property
     def model_config(self) -> Any:
@@ -89,15 +93,24 @@ class ScriptedEngine:
 
         self.calls.append((dict(prompt), sampling_params))
         tok = self.renderer.tokenizer
-        text = self.script.pop(0) if self.script else "Skinny"
-        ids = piecewise(tok, text) + [tok.convert_tokens_to_ids(TERMINATOR[self.family])]
+        finish = self.finish_reason
+        if self.rest is not None:
+            ids, self.rest = self.rest, None
+            text = tok.decode(ids)
+        else:
+            text = self.script.pop(0) if self.script else "Skinny"
+            ids = piecewise(tok, text) + [tok.convert_tokens_to_ids(TERMINATOR[self.family])]
         ids = ids[: sampling_params.max_tokens]
+        if self.aborts:
+            cut = self.aborts.pop(0)
+            ids, self.rest, finish = ids[:cut], ids[cut:], "abort"
+            text = tok.decode(ids)
         logprobs = None
         if sampling_params.logprobs is not None:  # the sampled token's log-prob only (top_logprobs: 0)
             from vllm.logprobs import Logprob
 
             logprobs = [{t: Logprob(-0.25 - i / 8, 1, tok.decode([t]))} for i, t in enumerate(ids)]
-        out = CompletionOutput(0, text, ids, None, logprobs, finish_reason=self.finish_reason)
+        out = CompletionOutput(0, text, ids, None, logprobs, finish_reason=finish)
         yield RequestOutput(request_id, None, list(prompt["prompt_token_ids"]), None, [out], finished=True)
 
 
@@ -486,12 +499,14 @@ def test_harmony_models_bypass_the_hook_so_ids_on_them_are_a_400(servers, patche
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_an_aborted_generation_is_a_503_when_patched_and_a_cut_200_when_stock(servers, patched, monkeypatch, path):
     """The abort guard on vLLM 0.24's real serving classes and FastAPI routes (the engine ends the request with
-    ``finish_reason="abort"``): patched, a 503 naming the abort and counted; stock (the guard's originals put back),
-    the cut text as a 200 success."""
+    ``finish_reason="abort"``) for a turn that is not resumed (partial rollouts off): patched, a 503 naming the
+    abort and counted; stock (the guard's originals put back), the cut text as a 200 success."""
     from nemo_gym_adapter.vllm import abort as vllm_abort
+    from nemo_gym_adapter.vllm import resume as vllm_resume
 
     server = servers("qwen25")
     monkeypatch.setattr(server.engine, "finish_reason", "abort")
+    monkeypatch.setitem(vllm_resume.OPTIONS, "enabled", False)
     body = (
         {"messages": [{"role": "user", "content": "Say ab."}], "max_tokens": 8}
         if path.endswith("chat/completions")
@@ -515,6 +530,73 @@ def test_an_aborted_generation_is_a_503_when_patched_and_a_cut_200_when_stock(se
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "abort" and (choice.get("text") or choice["message"]["content"]) == "Skinny"
+
+
+def _resumable_body(path: str, **extra: Any) -> dict:
+    if path.endswith("chat/completions"):
+        messages = [{"role": "user", "content": "Say ab."}]
+        body = {"messages": messages, "max_tokens": 20, "logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+        return {**body, **extra}
+    return {"prompt": "Say ab.", "max_tokens": 20, "logprobs": 0, "return_token_ids": True, **extra}
+
+
+def _choice(path: str, body: dict) -> tuple[list[int], list[float], str]:
+    choice = body["choices"][0]
+    if path.endswith("chat/completions"):
+        return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]], choice["message"]["content"]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"], choice["text"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_aborted_generation_resumes_from_its_own_tokens(servers, patched, monkeypatch, path):
+    """Partial rollouts on vLLM 0.24's real serving classes: the engine cuts the turn after 3 tokens (a pause); the
+    patch asks the same engine for the rest with prompt + those 3 tokens and what the budget had left, and answers
+    one completion: every id once, each segment's log-probs, the whole text (replayed by 0.24's own detokenizer)."""
+    from nemo_gym_adapter.vllm import resume as vllm_resume
+
+    server = servers("qwen25")
+    tok = server.tokenizer
+    monkeypatch.setattr(server.engine, "rest", None)
+    monkeypatch.setattr(server.engine, "aborts", [3])
+    monkeypatch.setattr(server.engine, "script", ["Skinny weather in Paris"])
+    before = vllm_resume.counters()
+    r = server.post(path, _resumable_body(path))
+    assert r.status_code == 200, r.text
+    (first, params), (resumed, rest_params) = server.engine.calls[-2:]
+    full = piecewise(tok, "Skinny weather in Paris") + [tok.convert_tokens_to_ids(TERMINATOR["qwen25"])]
+    assert resumed["prompt_token_ids"] == first["prompt_token_ids"] + full[:3]
+    assert (params.max_tokens, rest_params.max_tokens) == (20, 17)
+    ids, logprobs, text = _choice(path, r.json())
+    assert ids == full and r.json()["choices"][0]["finish_reason"] == "stop"
+    assert text == "Skinny weather in Paris"
+    # the scripted engine's log-probs count from each call's first token: the seam shows in them
+    assert logprobs == pytest.approx([-0.25 - i / 8 for i in range(3)] + [-0.25 - i / 8 for i in range(len(full) - 3)])
+    after = vllm_resume.counters()
+    assert after["resumes"] - before["resumes"] == 1 and after["resumed_tokens"] - before["resumed_tokens"] == 3
+
+
+def test_a_stop_string_across_the_seam_ends_the_answer_where_vllm_would(servers, patched, monkeypatch):
+    """``stop: ["weather in"]``, the turn cut between "weather" and " in": neither segment's own check can match it;
+    the answer ends at the token that completed it, the text before it, as 0.24's detokenizer ends a whole turn."""
+    from nemo_gym_adapter.vllm import resume as vllm_resume
+
+    server = servers("qwen25")
+    tok = server.tokenizer
+    full = piecewise(tok, "Skinny weather in Paris") + [tok.convert_tokens_to_ids(TERMINATOR["qwen25"])]
+    cut = next(k for k in range(len(full)) if "weather" in tok.decode(full[:k]))
+    end = next(k for k in range(len(full)) if "weather in" in tok.decode(full[:k]))
+    assert cut < end, (cut, end)  # the seam falls inside the stop string
+    monkeypatch.setattr(server.engine, "rest", None)
+    monkeypatch.setattr(server.engine, "aborts", [cut])
+    monkeypatch.setattr(server.engine, "script", ["Skinny weather in Paris"])
+    before = vllm_resume.counters()["seam_stop_cuts"]
+    r = server.post("/v1/chat/completions", _resumable_body("/v1/chat/completions", stop=["weather in"]))
+    assert r.status_code == 200, r.text
+    ids, logprobs, text = _choice("/v1/chat/completions", r.json())
+    choice = r.json()["choices"][0]
+    assert ids == full[:end] and len(logprobs) == end
+    assert (text, choice["finish_reason"], choice["stop_reason"]) == ("Skinny ", "stop", "weather in")
+    assert vllm_resume.counters()["seam_stop_cuts"] == before + 1
 
 
 # ------------------------------------------------------------------------- issue 19: NeMo RL's server request classes

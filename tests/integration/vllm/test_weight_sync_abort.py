@@ -13,6 +13,12 @@ wait_for_inflight_requests=False, clear_cache=True)`` (mode ``abort``), trains, 
 * through a real Gym (``string_match``), the aborted turn is retried by Gym's model client, waits in the paused
   engine, and after the resume the row comes back whole (all 1500 forced repeats, not masked) while vLLM counted an
   aborted request: nothing cut short is trained.
+
+Partial rollouts (``nemo_gym_adapter.vllm.resume``): a turn whose sampling a prompt can carry (here ``ignore_eos``, no
+grammar) is resumed inside the patched server instead: on both paths the answer is the uninterrupted greedy turn
+(same ids, text, log-probs) and vLLM's generation counter grew by the turn's length only; through Gym the row comes back
+whole with each token generated once, while the grammar-forced turn above (which cannot be resumed) is the control
+that generates its first tokens twice.
 """
 
 from __future__ import annotations
@@ -178,26 +184,38 @@ def gym(patched, tmp_path_factory):
         yield servers
 
 
-def test_through_gym_an_aborted_turn_is_retried_after_the_resume_and_the_row_comes_back_whole(gym, patched):
+# Through Gym: (extra_body of the row's model calls, vLLM sampling overrides, what happens to the interrupted turn).
+# "regenerated": a grammar (structured_outputs) cannot be resumed, the 503 is retried by Gym and the turn generated
+# again from its start; "resumed": the turn resumes in the server, Gym sees one completion.
+GYM_CASES = {
+    "regenerated": ({"structured_outputs": {"regex": REGEX}}, {"temperature": 1.0, "max_output_tokens": TOKENS * 3}),
+    "resumed": ({"ignore_eos": True}, {"temperature": 1.0, "max_output_tokens": 300}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GYM_CASES))
+def test_through_gym_an_aborted_turn_comes_back_whole_resumed_or_regenerated(gym, patched, case):
+    """A row whose one model call is aborted mid-way, paused 2 s (the weight sync), resumed. Either way the row comes
+    back whole, never cut short; vLLM's generation counter tells the two apart: a resumed turn's tokens were each
+    generated once, a regenerated one's first tokens twice (the control: what every interrupted turn cost before
+    partial rollouts)."""
     from tests.support.gym_fixtures import example_rows, run_core_step
 
+    extra_body, overrides = GYM_CASES[case]
     row = example_rows(ENV)[0]
-    params = {
-        **row["responses_create_params"],
-        "metadata": {"extra_body": json.dumps({"structured_outputs": {"regex": REGEX}})},
-    }
+    params = {**row["responses_create_params"], "metadata": {"extra_body": json.dumps(extra_body)}}
     row = {**row, "responses_create_params": params, "agent_ref": {"name": AGENT}}
     aborted_before = _metric(patched, "vllm:request_success_total", finished_reason="abort")
+    generated_before = _metric(patched, "vllm:generation_tokens_total")
     result: dict[str, Any] = {}
-    overrides = {"temperature": 1.0, "max_output_tokens": TOKENS * 3}
     runner = threading.Thread(
         target=lambda: result.update(step=run_core_step(gym.head_url, [row], AGENT, overrides, prompt_length=1024))
     )
     runner.start()
     try:
-        t_abort = _abort_when_generating(patched)
-        time.sleep(2.0)  # the weight sync: Gym's retry (0.5 s after the 503) waits in the paused engine meanwhile
-        assert runner.is_alive(), "the row ended while the engine was paused: the cut turn was not retried"
+        t_abort = _abort_when_generating(patched, min_tokens=50)
+        time.sleep(2.0)  # the weight sync: the resumed request (or Gym's retry, 0.5 s after the 503) waits meanwhile
+        assert runner.is_alive(), "the row ended while the engine was paused: the cut turn came back as it was"
     finally:
         _post(_root(patched) + "/resume")
     t_resume = time.monotonic()
@@ -207,12 +225,95 @@ def test_through_gym_an_aborted_turn_is_retried_after_the_resume_and_the_row_com
     (r,) = result["step"].rows
     t = r.trajectory
     assert not t.masked, (t.masked_reason, t.detail)
-    assert t.num_turns == 1 and t.num_generated >= TOKENS, (t.num_generated, t.detail)
+    generated = _metric(patched, "vllm:generation_tokens_total") - generated_before
     texts = [
         c.get("text", "")
         for item in r.outcome.result["response"]["output"]
         if item.get("type") == "message"
         for c in item.get("content", [])
     ]
-    assert "".join(texts).count("ab") == TOKENS, texts  # the whole forced answer, not a cut prefix
-    print(f"\n[abort] paused {t_resume - t_abort:.1f}s; row whole after the resume: {t.num_generated} tokens")
+    assert t.num_turns == 1
+    if case == "regenerated":
+        assert t.num_generated >= TOKENS and "".join(texts).count("ab") == TOKENS, texts  # whole, not a cut prefix
+        assert generated > t.num_generated, (generated, t.num_generated)  # the cut tokens, generated again
+    else:
+        assert t.num_generated == overrides["max_output_tokens"], t.num_generated
+        assert generated == t.num_generated, (generated, t.num_generated)  # each token once: none regenerated
+    print(
+        f"\n[abort] {case}: paused {t_resume - t_abort:.1f}s; row whole after the resume: {t.num_generated} tokens "
+        f"trained, {generated:.0f} generated"
+    )
+
+
+# ---- partial rollouts (nemo_gym_adapter.vllm.resume): a resumable turn keeps its tokens ----------------------------
+
+RESUMED = 300  # tokens of a turn generated to its length limit (ignore_eos), greedy: interrupted or not, the same ids
+
+
+def _resumable(server: VllmServer, path: str) -> tuple[str, dict]:
+    """A greedy ``RESUMED``-token request on ``path`` that nothing ends early (``ignore_eos``), with the token ids and
+    log-probs Gym asks for: sampling a prompt can carry, so an abort resumes it."""
+    common = {"model": server.model_name, "max_tokens": RESUMED, "ignore_eos": True, "temperature": 0.0}
+    if path == "chat":
+        body = {
+            **common,
+            "messages": [{"role": "user", "content": "Say ab many times."}],
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+        }
+        return "/chat/completions", body
+    return "/completions", {**common, "prompt": "Say ab many times.", "logprobs": 0, "return_token_ids": True}
+
+
+def _answer(path: str, body: dict) -> tuple[list[int], list[float], str, str]:
+    """(generated ids, their log-probs, text, finish reason) of a chat or completions answer."""
+    choice = body["choices"][0]
+    if path == "chat":
+        logprobs = [e["logprob"] for e in choice["logprobs"]["content"]]
+        return choice["token_ids"], logprobs, choice["message"]["content"] or "", choice["finish_reason"]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"], choice["text"], choice["finish_reason"]
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_patched_vllm_resumes_an_aborted_generation_from_its_own_tokens(patched, path):
+    """Aborted mid-way the way verl aborts it, then resumed after a pause: the answer is the whole turn, the same
+    ids, log-probs and text as the uninterrupted greedy turn, and vLLM generated each token once (its counter grew by
+    the turn's length, not by length + the tokens before the abort) while its prompt counter shows the resumed
+    request's prefill of prompt + kept tokens. The control is the same server's 503 for a turn it cannot resume
+    (``structured_outputs``: ``test_patched_vllm_answers_an_aborted_generation_503_naming_the_abort``)."""
+    url, body = _resumable(patched, path)
+    generated, prompted = (_metric(patched, f"vllm:{m}_tokens_total") for m in ("generation", "prompt"))
+    status, reference = _post(patched.base_url + url, body)
+    assert status == 200, reference
+    ref_ids, ref_logprobs, ref_text, finish = _answer(path, reference)
+    assert finish == "length" and len(ref_ids) == RESUMED, (finish, len(ref_ids))
+    prompt_len = int(_metric(patched, "vllm:prompt_tokens_total") - prompted)
+    assert _metric(patched, "vllm:generation_tokens_total") - generated == RESUMED
+
+    aborted = _metric(patched, "vllm:request_success_total", finished_reason="abort")
+    generated, prompted = (_metric(patched, f"vllm:{m}_tokens_total") for m in ("generation", "prompt"))
+    answer: dict[str, Any] = {}
+    caller = threading.Thread(target=lambda: answer.update(r=_post(patched.base_url + url, body)))
+    caller.start()
+    try:
+        _abort_when_generating(patched, min_tokens=50)
+        time.sleep(1.0)  # the weight sync: the resumed request waits in the paused engine meanwhile
+        assert caller.is_alive(), f"answered while the engine was paused: {answer}"
+    finally:
+        _post(_root(patched) + "/resume")
+    caller.join(timeout=120)
+    assert not caller.is_alive(), "the resumed request did not come back"
+    status, resumed = answer["r"]
+    assert status == 200, resumed
+    assert _metric(patched, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+    ids, logprobs, text, finish = _answer(path, resumed)
+    kept = int(_metric(patched, "vllm:prompt_tokens_total") - prompted) - 2 * prompt_len
+    assert 0 < kept < RESUMED, kept  # the resumed request's prompt carried the kept tokens
+    assert _metric(patched, "vllm:generation_tokens_total") - generated == RESUMED  # none generated twice
+    assert finish == "length" and len(ids) == len(logprobs) == RESUMED
+    assert ids == ref_ids and text == ref_text, next(
+        i for i, (a, b) in enumerate(zip(ids, ref_ids, strict=True)) if a != b
+    )
+    assert logprobs == pytest.approx(ref_logprobs, abs=1e-3)
+    print(f"\n[resume] {path}: kept {kept} of {RESUMED} tokens across the abort; none regenerated")

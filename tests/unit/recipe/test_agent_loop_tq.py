@@ -127,7 +127,7 @@ def prompts(*rows: dict[str, Any], step: int = 3) -> list[dict[str, Any]]:
 def run(m: NemoGymAgentLoopManagerTQ, fake_tq: FakeTransferQueue, monkeypatch, batch, partition="train", version=2):
     monkeypatch.setattr(agent_loop_tq, "tq", fake_tq)
 
-    async def versions() -> tuple[int, int]:
+    async def versions(fresh: bool = False) -> tuple[int, int]:
         return (version, version)
 
     monkeypatch.setattr(m, "_read_versions_async", versions)
@@ -233,8 +233,11 @@ def test_weight_versions_come_from_the_servers_and_are_cached_briefly():
     assert asyncio.run(m._read_versions_async()) == (4, 5)  # a server not synced yet does not count
     actors[1].global_steps = 6
     assert asyncio.run(m._read_versions_async()) == (4, 5)  # within VERSION_CACHE_S: the cached read
+    # async trainer modes read afresh when a sample comes back: a sync just before it (its resumed turns) counts
+    assert asyncio.run(m._read_versions_async(fresh=True)) == (5, 6)
+    actors[1].global_steps = 4
     m._version = (m._version[0] - agent_loop_tq.VERSION_CACHE_S, m._version[1])
-    assert asyncio.run(m._read_versions_async()) == (5, 6)
+    assert asyncio.run(m._read_versions_async()) == (4, 5)
     m.replica_handles = {"vllm_server_0_0": FakeHandle(FakeServerActor(None))}
     m._version = None
     assert asyncio.run(m._read_versions_async()) == (0, 0)  # before verl's first sync: version 0

@@ -58,7 +58,9 @@ def _report(backend: str, hook: str = "sglang...OpenAIServingChat._apply_jinja_t
 
 def test_the_patch_step_logs_each_report_and_refuses_another_engines(monkeypatch, caplog):
     engine = backends.ENGINES["sglang"]
-    monkeypatch.setattr(engine.patch, "apply_patch_to_actors", lambda handles, assistant_edits: [_report("sglang")])
+    monkeypatch.setattr(
+        engine.patch, "apply_patch_to_actors", lambda handles, assistant_edits, partial_rollouts: [_report("sglang")]
+    )
     with caplog.at_level(logging.INFO, logger="recipe.nemo_gym.replicas"):
         (report,) = patch_replicas({"sglang_server_0_0": object()}, engine)
     assert report.backend == "sglang"
@@ -66,7 +68,9 @@ def test_the_patch_step_logs_each_report_and_refuses_another_engines(monkeypatch
         "token-ID patch in sglang_server_0_0 (pid 7 on 10.0.0.7): sglang...OpenAIServingChat._apply_jinja_template, SGLang 0.5.12"
         in caplog.text
     )
-    monkeypatch.setattr(engine.patch, "apply_patch_to_actors", lambda handles, assistant_edits: [_report("vllm")])
+    monkeypatch.setattr(
+        engine.patch, "apply_patch_to_actors", lambda handles, assistant_edits, partial_rollouts: [_report("vllm")]
+    )
     with pytest.raises(ServerError, match="actor sglang_server_0_0 reported no SGLang hook"):
         patch_replicas({"sglang_server_0_0": object()}, engine)
 

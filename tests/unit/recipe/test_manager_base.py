@@ -128,7 +128,9 @@ def test_replicas_a_restart_dropped_and_those_found_dead_are_not_called_again(cf
     probed: list[str] = []
     monkeypatch.setattr(manager_base, "probe_logprob", lambda address, *a, **k: probed.append(address) or -1.0)
     counted: list[list[str]] = []
-    manager.engine = SimpleNamespace(probe_api="completions", aborted_turns=lambda h: counted.append(list(h)) or 0)  # type: ignore[assignment]
+    manager.engine = SimpleNamespace(  # type: ignore[assignment]
+        probe_api="completions", engine_counters=lambda h: counted.append(list(h)) or {"aborted_turns": 0}
+    )
     metrics = manager.engine_probe_metrics()
     assert metrics == {"gym/engine/probe_logprob_mean": -1.0, "gym/engine/aborted_turns_total": 0.0}
     assert probed == ["10.0.0.3:8000"] and counted == [["vllm_server_1_0"]]

@@ -31,6 +31,7 @@ from nemo_gym_adapter.vllm.abort import ABORT_MARKER, make_abort_guard
 class FakeCompletionOutput:
     text: str
     finish_reason: str | None
+    token_ids: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -51,7 +52,14 @@ class FakeErrorResponse:
 
 
 class FakeOpenAIServingChat:
-    """vLLM's ``OpenAIServingChat`` as far as the guard sees it (real signature of the wrapped method)."""
+    """vLLM's ``OpenAIServingChat`` as far as the guard and partial rollouts (``vllm.resume``) see it (real
+    signatures of the wrapped methods; ``create_chat_completion`` drains the engine client's ``generate``)."""
+
+    engine_client: Any = None
+    renderer: Any = None
+
+    async def create_chat_completion(self, request, raw_request=None):
+        return [out async for out in self.engine_client.generate(request.prompt, request.params, "chatcmpl-1")]
 
     def create_error_response(
         self, message: str, err_type: str = "BadRequestError", status_code=HTTPStatus.BAD_REQUEST
@@ -76,6 +84,9 @@ class FakeCompletionResponse:
 class FakeOpenAIServingCompletion(FakeOpenAIServingChat):
     """vLLM's ``OpenAIServingCompletion`` as far as the guard sees it (real signature of the wrapped method)."""
 
+    async def create_completion(self, request, raw_request=None):
+        return [out async for out in self.engine_client.generate(request.prompt, request.params, "cmpl-1-0")]
+
     def request_output_to_completion_response(
         self, final_res_batch, request, request_id, created_time, model_name, tokenizer, request_metadata
     ):
@@ -85,7 +96,11 @@ class FakeOpenAIServingCompletion(FakeOpenAIServingChat):
 
 
 def _batch(*finish_reasons: str | None) -> list[FakeRequestOutput]:
-    return [FakeRequestOutput([FakeCompletionOutput("ab " * (i + 1), r)]) for i, r in enumerate(finish_reasons)]
+    """One output per reason; the i-th has i + 1 tokens."""
+    return [
+        FakeRequestOutput([FakeCompletionOutput("ab " * (i + 1), r, [7] * (i + 1))])
+        for i, r in enumerate(finish_reasons)
+    ]
 
 
 def _complete(serving: Any, *finish_reasons: str | None) -> Any:
@@ -103,7 +118,7 @@ def guarded_completion():
 
 async def _stream(*finish_reasons: str | None):
     for i, reason in enumerate(finish_reasons):
-        yield FakeRequestOutput([FakeCompletionOutput("ab " * (i + 1), reason)])
+        yield FakeRequestOutput([FakeCompletionOutput("ab " * (i + 1), reason, [7] * (i + 1))])
 
 
 def _run(serving: Any, *finish_reasons: str | None) -> Any:
@@ -231,6 +246,7 @@ def test_each_503_is_counted_and_the_managers_read_the_sum_over_the_server_actor
     from nemo_gym_adapter.vllm import patch as vllm_patch
 
     monkeypatch.setitem(vllm_abort._COUNTS, "aborted", 0)
+    monkeypatch.setitem(vllm_abort._COUNTS, "regenerated_tokens", 0)
     _run(guarded_chat, "abort")
     _run(guarded_chat, "stop")
     _run(guarded_chat, None, "abort")
@@ -241,6 +257,8 @@ def test_each_503_is_counted_and_the_managers_read_the_sum_over_the_server_actor
     _complete(cls(), "abort")
     _complete(cls(), "stop")
     assert vllm_abort.aborted_total() == 3  # one count for both paths
+    # the tokens each 503 withheld (Gym's retry generates them again): 1 and 2 (chat), 1 (the refused batch)
+    assert vllm_abort.regenerated_tokens_total() == 4
 
     class FakeRayActor:
         """``__ray_call__.remote(fn)`` runs ``fn`` on an actor object here, as Ray runs it inside the actor."""

@@ -21,6 +21,7 @@ from nemo_gym_adapter.errors import ServerError, SetupError, TokenAlignmentError
 from nemo_gym_adapter.vllm import hooks as vllm_hooks
 from nemo_gym_adapter.vllm import patch as vllm_patch
 from nemo_gym_adapter.vllm import prefix_render as vllm_prefix_render
+from nemo_gym_adapter.vllm import resume as vllm_resume
 from nemo_gym_adapter.vllm.abort import ABORT_GUARD_TARGETS
 from nemo_gym_adapter.vllm.hooks import find_anchor, hook_target_for
 from nemo_gym_adapter.vllm.request_limits import ContextLengthExceeded, clamp_output_budget
@@ -672,9 +673,14 @@ class FakeRunningActor:
 def test_apply_patch_to_actors_carries_the_assistant_edits_policy(monkeypatch, fake_vllm):
     _fake_ray(monkeypatch)
     fake_vllm("0.31.0")
-    (report,) = vllm_patch.apply_patch_to_actors({"vllm_server_0_0": FakeRunningActor()}, assistant_edits="refuse")
+    monkeypatch.setitem(vllm_resume.OPTIONS, "enabled", True)
+    monkeypatch.setattr(vllm_resume.SERVER, "ref", vllm_resume.SERVER.ref)
+    actors = {"vllm_server_0_0": FakeRunningActor()}
+    (report,) = vllm_patch.apply_patch_to_actors(actors, assistant_edits="refuse", partial_rollouts=False)
     assert (report.actor, report.assistant_edits, report.node_ip) == ("vllm_server_0_0", "refuse", "10.0.0.7")
     assert vllm_hooks.OPTIONS["assistant_edits"] == "refuse"
+    assert report.partial_rollouts is False and vllm_resume.OPTIONS["enabled"] is False
+    assert vllm_resume.SERVER.ref() is not None  # resumed segments read their weight version from that actor
 
 
 def test_apply_patch_to_actors_names_the_actor_that_failed(monkeypatch):
