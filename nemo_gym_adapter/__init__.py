@@ -12,9 +12,10 @@
 - :mod:`~nemo_gym_adapter.demo_models` -- models built at set-up for the demo, ``collect`` and the tests.
 
 Plumbing shared by all stays at the top (``config``, ``errors``, ``paths``, ``procs``, ``reaper``, ``loop_thread``,
-``progress``, ``policy``, ``wire``: Gym's payload models) and imports none of the packages; ``collect`` (rollouts
-without training) is the one command at the top and may import any of them. Dependencies point one way: recipe -> rollouts ->
-gym / vllm -> data / tokens -> plumbing (``tests/unit/test_layering.py``).
+``progress``, ``policy``, ``wire``: Gym's payload models, ``row_echo``: is a result another row's) and imports none of
+the packages; ``collect`` (rollouts without training) is the one command at the top and may import any of them.
+Dependencies point one way: recipe -> rollouts -> gym / vllm -> data / tokens -> plumbing
+(``tests/unit/test_layering.py``).
 
 Nothing here imports ``nemo_gym``: NeMo Gym runs in its own venv and is reached over HTTP only. Heavy dependencies
 (vLLM, torch, Ray) are imported lazily inside functions.

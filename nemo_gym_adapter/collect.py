@@ -91,7 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--model-name", help="served model name (default: what the server lists first)")
     m.add_argument("--temperature", type=float, default=1.0)
     m.add_argument("--top-p", type=float, default=None)
-    m.add_argument("--max-output-tokens", type=int, default=64, help="per model call (default 64)")
+    m.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=64,
+        help="per model call, at most (a row's own smaller one is kept; 64)",
+    )
     m.add_argument("--prompt-length", type=int, default=None, help="training's prompt budget (default: none)")
     m.add_argument("--response-length", type=int, default=None, help="training's response budget (default: none)")
     m.add_argument(

@@ -40,6 +40,8 @@ in the README's keys table.
       liveness: {interval_s: 1, probe_timeout_s: 3, busy_grace_s: 120, idle_s: 3, replica_grace_s: 120, max_restarts: 3}
       rollout_dump: {dir: null, enable: true, validation: true, max_text_chars: 4000, queue_size: 4096}
                                      # readable rollouts (rollouts.dump); dir null: <trainer.rollout_data_dir>/gym
+      trusted_logprobs: {enable: false, check_every: 10, max_mean_abs_diff: 1.0e-4, max_abs_diff: 1.0e-2,
+                         on_exceed: recompute}   # rollout log-probs as the old ones, guarded (recipe logprob_guard)
 
 The rules that span our section and verl's keys (estimators, GDPO, group filtering, the engine) are
 :mod:`nemo_gym_adapter.recipe_checks`; the whole config is read by :mod:`nemo_gym_adapter.recipe_config`.
@@ -143,6 +145,18 @@ class AccessSection(_Section):
         return str(value).lower() if isinstance(value, bool) else value
 
 
+class TrustedLogprobsSection(_Section):
+    """``nemo_gym.trusted_logprobs``: the rollout's log-probs as PPO's old ones (verl's ``bypass_mode``, switched per
+    step), vouched for by a guard that recomputes on the first step and every ``check_every`` steps and falls back (or
+    stops) when the gap passes a bound (``recipe.nemo_gym.logprob_guard``)."""
+
+    enable: bool = False
+    check_every: int = Field(10, ge=0, description="a recompute every N steps after the first; 0: the first only")
+    max_mean_abs_diff: float = Field(1e-4, gt=0, description="bound on mean |rollout - actor| per trained token")
+    max_abs_diff: float = Field(1e-2, gt=0, description="bound on the largest |rollout - actor| of a trained token")
+    on_exceed: Literal["recompute", "fail"] = "recompute"
+
+
 RAY_HEAD_MODES = ("early", "gym")  # nemo_gym.ray_head values that are not a host:port
 
 
@@ -210,6 +224,7 @@ class NemoGymConfig(_Section):
     on_server_down: Literal["mask", "restart", "fail"] = "restart"
     liveness: LivenessSection = Field(default_factory=LivenessSection)
     rollout_dump: RolloutDumpSection = Field(default_factory=RolloutDumpSection)
+    trusted_logprobs: TrustedLogprobsSection = Field(default_factory=TrustedLogprobsSection)
 
     @field_validator("config_overrides")
     @classmethod

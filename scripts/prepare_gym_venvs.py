@@ -56,7 +56,19 @@ DEFAULT_SERVERS = (
     "responses_api_agents/gymnasium_agent",
     "responses_api_models/vllm_model",
     "environment_servers/legacy_agent",
+    "resources_servers/toy_latency",  # ours, under OUR_SERVERS
 )
+# Gym servers this project ships (gym_servers/README.md): looked up here before Gym's install root, as Gym itself does
+# with NEMO_GYM_EXTRA_ROOTS.
+OUR_SERVERS = REPO_ROOT / "gym_servers"
+
+
+def find_server(server: str, gym_root: Path) -> Path:
+    """A server's directory: ours (:data:`OUR_SERVERS`) first, then Gym's install root."""
+    ours = OUR_SERVERS / server
+    return ours if ours.is_dir() else gym_root / server
+
+
 SERVER_TYPES = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
 STATE_FILE = ".ngv-venvs.json"
 SHARED = "_shared"
@@ -219,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
     info: dict[str, dict[str, Any]] = {}
     for server, entries in servers.items():
-        server_dir = gym_root / server
+        server_dir = find_server(server, gym_root)
         if not server_dir.is_dir():
             sys.exit(f"error: no Gym server at {server_dir}")
         reqs = sv.read_requirements(server_dir)
@@ -278,7 +290,7 @@ def check_imports(info: dict[str, dict[str, Any]], gym_root: Path, venvs_dir: Pa
     groups: dict[Path, list[str]] = {}
     for server, i in info.items():
         if not i["problems"] and not i.get("cached"):  # a cached server passed this check on the same venvs
-            i["modules"] = sv.imported_modules(gym_root / server, sorted(i["entries"]))
+            i["modules"] = sv.imported_modules(find_server(server, gym_root), sorted(i["entries"]))
             groups.setdefault((venvs_dir / server / ".venv").resolve(), []).append(server)
     for venv, members in groups.items():
         modules = set().union(*(info[s]["modules"] for s in members))
@@ -286,7 +298,9 @@ def check_imports(info: dict[str, dict[str, Any]], gym_root: Path, venvs_dir: Pa
         missing, versions = sv.find_modules(sv.venv_python(venv), modules, names) if modules else (set(), {})
         for s in members:
             mine = missing & info[s]["modules"]
-            info[s]["problems"] = sv.module_problems(mine, versions, info[s]["reqs"], sv.git_sources(gym_root / s))
+            info[s]["problems"] = sv.module_problems(
+                mine, versions, info[s]["reqs"], sv.git_sources(find_server(s, gym_root))
+            )
 
 
 def build(

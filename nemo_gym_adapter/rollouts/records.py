@@ -21,7 +21,7 @@ CONNECTION = "connection"  # refused, reset or cut mid-answer, after the retries
 BAD_JSON = "bad_json"  # the body is not a JSON object
 CLIENT_ERROR = "client_error"  # the row could not be sent (not an object, not serialisable) or aiohttp failed
 TOO_LARGE = "too_large"  # the body is over nemo_gym.client.max_body_mb: refused while it streamed in
-WRONG_ROW = "wrong_row"  # the result echoes another row's verifier fields (wire.other_row_fields)
+WRONG_ROW = "wrong_row"  # the result echoes another row's verifier fields (row_echo.other_row_fields)
 
 
 @dataclass(frozen=True)

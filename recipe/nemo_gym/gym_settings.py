@@ -63,6 +63,7 @@ def trajectory_config(
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
         verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
         forced_token_min_logprob=recipe.gym.trajectory.forced_token_min_logprob,
+        required_components=recipe.required_reward_components,
         vocab_size=vocab_size,
         key_prefix="nemo_gym.trajectory",
     )

@@ -55,6 +55,7 @@ from nemo_gym_adapter.policy import effective_max_model_len, probe_logprob, read
 from nemo_gym_adapter.recipe_config import RecipeConfig, load_config
 from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
 from nemo_gym_adapter.rollouts.dump import RolloutDump
+from nemo_gym_adapter.rollouts.sampling import Sampling
 from nemo_gym_adapter.rollouts.validation import ValidationPass
 from recipe.nemo_gym.backends import Engine, engine_named
 from recipe.nemo_gym.gym_settings import client_config, gym_launch_spec, liveness_config, trajectory_config
@@ -250,14 +251,15 @@ class GymManagerBase:
         if self._closed or self.core is None:
             raise AdapterError(f"{type(self).__name__}: a step was requested after shutdown (or before start)")
 
+    def sampling(self, validate: bool) -> Sampling:
+        """A step's sampling settings, as verl's agent loop picks them (``rollout`` or ``rollout.val_kwargs``), with
+        the trainer's response budget as every row's cap (``nemo_gym_adapter.rollouts.sampling``)."""
+        settings = self.recipe.val_sampling if validate else self.recipe.sampling
+        return Sampling(max_output_tokens=self.recipe.response_length, **settings.model_dump())
+
     def sampling_overrides(self, validate: bool) -> dict[str, Any]:
-        """``responses_create_params`` overrides for a step (as verl's agent loop picks its sampling params)."""
-        r = self.recipe
-        return {
-            "temperature": r.val_temperature if validate else r.temperature,
-            "top_p": r.val_top_p if validate else r.top_p,
-            "max_output_tokens": r.response_length,
-        }
+        """``responses_create_params`` overrides for a step: every sampling setting, sent with every request."""
+        return self.sampling(validate).overrides()
 
     def add_validation_rows(self, rows: Iterable[RowResult], task_indices: Sequence[int]) -> None:
         """Collect validation rows (``task_indices[i]``: the dataset row of ``rows[i]``) into the current

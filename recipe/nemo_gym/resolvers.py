@@ -2,7 +2,8 @@
 ``recipe.nemo_gym.main`` before hydra composes the config).
 
 ``${ngv_gym_example:<resources server>}`` → that Gym environment's bundled ``data/example.jsonl`` (resolved in the
-installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/`` and
+installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under the checkout's ``configs/``, ``${ngv_gym_servers:}`` → the checkout's
+``gym_servers/`` (our own Gym servers' root, for ``NEMO_GYM_EXTRA_ROOTS``) and
 ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use),
 ``${ngv_demo_model:<name>}`` → a real pretrained model (``smollm2``: SmolLM2-135M-Instruct; ``qwen2.5-coder-0.5b``: the
 Qwen2.5-Coder-0.5B-Instruct tool model; converted on first use, minutes) and ``${ngv_manager:<use_v1>}``
@@ -42,6 +43,14 @@ def configs_path(relative: str) -> str:
     return str(path)
 
 
+def gym_servers_path() -> str:
+    """The checkout's ``gym_servers/`` directory (Gym servers of our own, found by Gym through
+    ``NEMO_GYM_EXTRA_ROOTS``: ``nemo_gym.env: {NEMO_GYM_EXTRA_ROOTS: ${ngv_gym_servers:}}``)."""
+    from nemo_gym_adapter import paths
+
+    return str(paths.REPO_ROOT / "gym_servers")
+
+
 def _tiny_model(family: str) -> str:
     from nemo_gym_adapter.demo_models import build_tiny_model
 
@@ -65,7 +74,7 @@ def manager_class(use_v1: Any) -> str:
 
 
 def register_resolvers() -> None:
-    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_tiny_model``, ``ngv_demo_model`` and ``ngv_manager`` with
+    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_gym_servers``, ``ngv_tiny_model``, ``ngv_demo_model`` and ``ngv_manager`` with
     OmegaConf (idempotent)."""
     from omegaconf import OmegaConf
 
@@ -73,6 +82,7 @@ def register_resolvers() -> None:
         ("ngv_manager", manager_class),
         ("ngv_gym_example", gym_example_path),
         ("ngv_configs", configs_path),
+        ("ngv_gym_servers", gym_servers_path),
         ("ngv_tiny_model", _tiny_model),
         ("ngv_demo_model", demo_model),
     ):

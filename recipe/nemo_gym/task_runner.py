@@ -51,7 +51,7 @@ from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.recipe_config import load_config
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from nemo_gym_adapter.rollouts.metrics import scope_name
-from recipe.nemo_gym import masked_estimators, rollout_correction, storage
+from recipe.nemo_gym import logprob_guard, masked_estimators, rollout_correction, storage
 from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
 from recipe.nemo_gym.backends import check_engine_available
 
@@ -109,8 +109,10 @@ def logprob_gap_by_env(
 
 
 class NemoGymPPOTrainer(RayPPOTrainer):
-    """verl's legacy trainer plus ``onpolicy/*`` metrics (reported with the actor update's own metrics), and verl's
-    rollout-correction step guarded against a step in which every sample is masked (:mod:`.rollout_correction`)."""
+    """verl's legacy trainer plus ``onpolicy/*`` metrics (reported with the actor update's own metrics), verl's
+    rollout-correction step guarded against a step in which every sample is masked (:mod:`.rollout_correction`), and
+    ``nemo_gym.trusted_logprobs`` (:mod:`.logprob_guard`: each step's ``bypass_mode`` decided at the end of the one
+    before; the first step of a launch recomputes)."""
 
     def fit(self) -> Any:
         rollout_correction.install()
@@ -129,12 +131,17 @@ class NemoGymPPOTrainer(RayPPOTrainer):
         gym_metrics = batch.meta_info.pop(GYM_METRICS_KEY, None) or {}  # the step's rollout metrics (agent_loop)
         gap = {}
         if "rollout_log_probs" in batch.batch and "old_log_probs" in batch.batch:
-            gap = logprob_gap_by_env(
-                batch.batch["old_log_probs"],
-                batch.batch["rollout_log_probs"],
-                batch.batch["response_mask"],
-                batch.non_tensor_batch.get("gym_env"),
-            )
+            trusted = logprob_guard.guard_of(self)[0].trusted_now  # this step's old log-probs are the rollout's
+            old = None if trusted else batch.batch["old_log_probs"]
+            if old is not None:
+                gap = logprob_gap_by_env(
+                    old,
+                    batch.batch["rollout_log_probs"],
+                    batch.batch["response_mask"],
+                    batch.non_tensor_batch.get("gym_env"),
+                )
+            rollout, mask = batch.batch["rollout_log_probs"], batch.batch["response_mask"]
+            gap.update(logprob_guard.finish_step(self, self.global_steps, old, rollout, mask))  # sync: all fresh
         if "uid" in batch.non_tensor_batch and "rm_scores" in batch.batch:  # the groups this step learns from
             gap.update(
                 batch_signal(
@@ -144,6 +151,7 @@ class NemoGymPPOTrainer(RayPPOTrainer):
                 )
             )
         output = super()._update_actor(batch)
+        logprob_guard.begin_step(self, self.global_steps + 1)  # verl reads bypass_mode again in the next step
         # The trainer reduces these lists (mean; max for keys containing "max") and logs them this step.
         output.meta_info["metrics"].update({k: [v] for k, v in {**gym_metrics, **gap}.items()})
         return output

@@ -12,7 +12,7 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
    ``separate_async``) with :class:`NemoGymTrainerMixin` in front (:func:`nemo_gym_trainer_cls`):
    - on CPU (``trainer.device=cpu``) the actor role runs ``cpu.platform.CpuActorRolloutRefWorker`` (gloo);
    - ``onpolicy/*`` (rollout-vs-actor logprob gap, :func:`recipe.nemo_gym.task_runner.logprob_gap_metrics`) after
-     verl computed ``old_log_probs``;
+     verl computed ``old_log_probs``, or the rollout's as those where :mod:`recipe.nemo_gym.logprob_guard` trusts them;
    - the rollout manager's metrics (``drain_metrics``: ``gym/...``) go into each step's metric dict under their own
      names: verl's v1 trainer has no channel for rollout-manager metrics (verl PR #7255, open);
    - verl's rollout-correction step is guarded against a step in which every sample is masked
@@ -24,15 +24,17 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
      ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``);
    - a checkpoint or verl rollout dump that hits a full disk (:mod:`recipe.nemo_gym.storage`);
    - ``masked_grpo`` sees the batch's ``{uid}_{session}_{i}`` keys (``advantage.SESSION_KEYS``), so a rollout split
-     into several samples (``nemo_gym.trajectory.contiguity: split``) counts once in its group (``_compute_advantage``).
+     into several samples (``nemo_gym.trajectory.contiguity: split``) counts once in its group (``_compute_advantage``);
+   - with ``algorithm.adv_estimator=gdpo``, verl's GDPO gets each sample's reward components, which verl's own
+     ``_compute_advantage`` does not fetch (:mod:`recipe.nemo_gym.gdpo`, installed in ``run``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
 4. Gym's Ray head (``nemo_gym.ray_head: early``) starts before ``tq.init`` and verl's workers, so it is up by the
    time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
 5. Ray may not auto-start a cluster in this process (:func:`forbid_ray_auto_init`): once the run's Ray is gone, a late
    Ray call from a thread still running here would otherwise start a fresh local cluster whose agents outlive the run.
-6. ``separate_async`` is checked before anything starts (:func:`check_separate_async`): a standalone rollout pool, a
+6. ``separate_async`` is checked before anything starts (:func:`recipe.nemo_gym.async_modes.check_separate_async`): a standalone rollout pool, a
    checkpoint engine other than ``naive`` that imports here, ``actor_rollout_ref.hybrid_engine=false``; verl's
-   ``flush=True`` INFO log that kills that configuration is avoided (:func:`quiet_separate_async_info_log`); on CPU
+   ``flush=True`` INFO log that kills that configuration is avoided (``async_modes.quiet_separate_async_info_log``); on CPU
    verl's ``DetachActorWorker`` gets the gloo process group too (``cpu.platform.CpuDetachActorWorker``).
 7. The engine ``actor_rollout_ref.rollout.name`` selects must be able to start here, checked before verl builds
    anything for it (``backends.check_engine_available``: an SGLang run on the CPU backend or without SGLang stops
@@ -54,7 +56,15 @@ from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
-from recipe.nemo_gym import advantage, masked_estimators, rollout_correction, storage  # advantage registers masked_grpo
+from recipe.nemo_gym import (  # advantage registers masked_grpo
+    advantage,
+    gdpo,
+    logprob_guard,
+    masked_estimators,
+    rollout_correction,
+    storage,
+)
+from recipe.nemo_gym.async_modes import check_separate_async, quiet_separate_async_info_log, warn_unguarded_aborts
 from recipe.nemo_gym.backends import check_engine_available
 from recipe.nemo_gym.task_runner import env_weighted_sampler, logprob_gap_metrics
 
@@ -69,6 +79,7 @@ class NemoGymTrainerMixin:
     agent_loop_manager: Any
     train_dataset: Any
     train_dataloader: Any
+    global_steps: int
 
     def _init_resource_pool_mgr(self) -> None:
         super()._init_resource_pool_mgr()  # type: ignore[misc]
@@ -142,7 +153,8 @@ class NemoGymTrainerMixin:
     def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
         token = advantage.SESSION_KEYS.set(list(batch.keys))
         try:
-            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+            with gdpo.components_for(self, batch, metrics):  # GDPO: the reward components verl's fetch leaves out
+                return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         finally:
             advantage.SESSION_KEYS.reset(token)
 
@@ -162,19 +174,23 @@ class NemoGymTrainerMixin:
         return super().fit(agent_loop_manager)  # type: ignore[misc]
 
     def _compute_old_log_prob(self, batch: Any, metrics: dict[str, Any]) -> Any:
+        fresh = logprob_guard.fresh_rows(batch.tags, self.global_steps)  # samples of the actor's current weights
+        trusted = logprob_guard.begin_step(self, self.global_steps, logprob_guard.all_fresh(batch.tags, fresh))
         batch = super()._compute_old_log_prob(batch, metrics)  # type: ignore[misc]
         import transfer_queue as tq
 
         fields = ["old_log_probs", "rollout_log_probs", "response_mask", "rm_scores"]
         try:
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        except Exception as e:  # bypass mode or no rollout logprobs: nothing to compare
+        except Exception as e:  # no rollout logprobs: nothing to compare
             logger.debug("no onpolicy/* metrics this step: %r", e)
             return batch
         padded = data.to_padded_tensor()
-        metrics.update(
-            logprob_gap_metrics(padded["old_log_probs"], padded["rollout_log_probs"], padded["response_mask"])
-        )
+        old = None if trusted else padded["old_log_probs"]  # a trusted step's are the rollout's own
+        rollout, mask = padded["rollout_log_probs"], padded["response_mask"]
+        if old is not None:
+            metrics.update(logprob_gap_metrics(old, rollout, mask))
+        metrics.update(logprob_guard.finish_step(self, self.global_steps, old, rollout, mask, fresh))
         # The groups this step learns from: with verl's group filter on, none without signal (rollouts.groups).
         uids = [key.split("_")[0] for key in batch.keys]
         valid = (padded["response_mask"].sum(dim=-1) > 0).tolist()
@@ -202,87 +218,6 @@ def replay_poll_interval(config: Any) -> float:
 
         raise AdapterConfigError(f"trainer.v1.sampler.sampler_kwargs.poll_interval_s={value!r}: must be a number > 0")
     return float(value)
-
-
-def warn_unguarded_aborts(config: Any) -> bool:
-    """Warn (and return True) when an async mode runs without the token-ID patch: verl aborts in-flight generations at
-    each weight sync, and only the patch's abort guard (``nemo_gym_adapter.vllm.abort``) turns vLLM's cut 200 answer
-    into a 503 that Gym retries; without it an aborted turn reaches Gym as a finished one and is trained as a stop."""
-    mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync")
-    if mode == "sync" or OmegaConf.select(config, "nemo_gym.patch_vllm", default=True):
-        return False
-    logger.warning(
-        "trainer.v1.trainer_mode=%s with nemo_gym.patch_vllm=false: generations verl aborts at a weight sync are not "
-        "detected (the abort guard comes with the patch) and are trained as if the model had stopped; "
-        "set nemo_gym.patch_vllm=true or trainer.v1.trainer_mode=sync",
-        mode,
-    )
-    return True
-
-
-def check_separate_async(config: Any) -> None:
-    """Fail at start-up, naming the key, when ``trainer.v1.trainer_mode=separate_async`` lacks what it needs with Gym.
-
-    verl 0.9.1's ``PPOTrainerSeparateAsync`` (``verl/trainer/ppo/v1/trainer_separate_async.py``) serves rollouts from
-    a standalone pool (``actor_rollout_ref.rollout.nnodes`` x ``n_gpus_per_node``, asserted > 0 at ``:64-67``) that
-    receives weights through a checkpoint engine other than ``naive`` (asserted at ``:68``, message without the key).
-    The engine class is looked up only in ``_setup`` (``CheckpointEngineManager``, ``checkpoint_engine/base.py:418``),
-    after the actor workers and every vLLM replica started: a backend whose module failed to import (``nccl``/``nixl``
-    need cupy, ``hccl`` torch_npu, ``mooncake``/``kimi`` their packages) is checked here, in the same process, first.
-    Gym-specific: with ``actor_rollout_ref.hybrid_engine=true`` (verl's default) the colocated replicas join the
-    standalone balancer (``:175``), so the manager hands them to Gym, whose URL list is fixed; at the first step
-    ``switch_to_trainer`` (``:413-420``) takes them out of verl's rotation, aborts them with ``reject_request=True``
-    and sleeps them, and with ``hybrid_rollout.enable_switch=false`` (the default) they resume only for validation:
-    Gym's calls routed there would wait in a paused, sleeping engine. So the standalone pool must serve Gym alone.
-    On CPU, verl ships no usable engine: ``recipe.nemo_gym.cpu.checkpoint_engine`` (``cpu_zmq``) is ours."""
-    if OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync") != "separate_async":
-        return
-    from nemo_gym_adapter.errors import AdapterConfigError
-
-    where = "trainer.v1.trainer_mode=separate_async"
-    for key in ("actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node"):
-        value = OmegaConf.select(config, key, default=0)
-        if not isinstance(value, int) or value <= 0:
-            raise AdapterConfigError(f"{where} needs a standalone rollout pool: {key}={value!r} must be > 0")
-    if OmegaConf.select(config, "actor_rollout_ref.hybrid_engine", default=True):
-        raise AdapterConfigError(
-            f"{where} with NeMo Gym needs actor_rollout_ref.hybrid_engine=false: Gym keeps the replica list it was "
-            "started with, and verl pauses and sleeps the hybrid (colocated) replicas while training "
-            "(docs/V1_NOTES.md, separate_async)"
-        )
-    key = "actor_rollout_ref.rollout.checkpoint_engine.backend"
-    backend = OmegaConf.select(config, key, default="naive")
-    if backend == "naive":
-        raise AdapterConfigError(
-            f"{where} needs {key} other than 'naive' (verl syncs the standalone replicas through a checkpoint engine: "
-            "nccl, nixl, mooncake, ... on GPU; on CPU ours: backend=cpu_zmq with "
-            "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.nemo_gym.cpu.checkpoint_engine)"
-        )
-    from verl.checkpoint_engine import CheckpointEngineRegistry
-    from verl.utils.import_utils import import_external_libs
-
-    custom = OmegaConf.select(config, "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module")
-    import_external_libs(custom or None)  # as verl's CheckpointEngineManager does
-    try:
-        CheckpointEngineRegistry.get(backend)
-    except ValueError as e:
-        raise AdapterConfigError(f"{where}: {key}={backend!r} is not usable in this process: {e}") from e
-
-
-def quiet_separate_async_info_log(config: Any) -> bool:
-    """Raise verl's ``trainer_separate_async`` logger to WARNING for ``separate_async`` with ``hybrid_engine=false``
-    (True when done): verl 0.9.1 logs that case with ``logger.info(..., flush=True)`` (``trainer_separate_async.py:
-    181-185``), which the standard logger rejects (``TypeError: Logger._log() got an unexpected keyword argument
-    'flush'``) whenever INFO is enabled, verl's default (``VERL_LOGGING_LEVEL``); the run dies in ``_setup``.
-    Only that module's INFO lines are lost (the hybrid-switch messages, moot without hybrid replicas)."""
-    if OmegaConf.select(config, "trainer.v1.trainer_mode", default="sync") != "separate_async":
-        return False
-    if OmegaConf.select(config, "actor_rollout_ref.hybrid_engine", default=True):
-        return False
-    verl_logger = logging.getLogger("verl.trainer.ppo.v1.trainer_separate_async")
-    if verl_logger.isEnabledFor(logging.INFO):
-        verl_logger.setLevel(logging.WARNING)
-    return True
 
 
 def forbid_ray_auto_init() -> None:
@@ -360,6 +295,7 @@ class NemoGymTaskRunnerV1Impl:
         notice = masked_estimators.install()  # this process computes the advantages
         if notice:
             print(notice)
+        gdpo.install()  # verl's gdpo gets the reward components on this trainer (recipe.nemo_gym.gdpo)
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
         warn_unguarded_aborts(config)

@@ -104,7 +104,7 @@ def test_grpo_steps_then_an_all_masked_step_on_v1_with_plain_gym_metrics_and_no_
 
 # verl's async v1 modes on the README demo: (steps, overrides). separate_async serves rollouts from a standalone
 # replica that the CPU checkpoint engine (recipe/nemo_gym/cpu/checkpoint_engine.py) syncs; hybrid_engine=false so Gym's
-# replica list holds (task_runner_v1.check_separate_async); train_batch_size 8 = parameter_sync_step 1 x mini-batch 8.
+# replica list holds (async_modes.check_separate_async); train_batch_size 8 = parameter_sync_step 1 x mini-batch 8.
 SEPARATE_ASYNC = (
     "trainer.v1.separate_async.parameter_sync_step=1",
     "actor_rollout_ref.hybrid_engine=false",
@@ -125,7 +125,7 @@ ASYNC_MODES = {
 
 
 # One async mode in the default tier, the other in the slow tier (CI budget, docs/CI.md): separate_async covers more of
-# ours (the CPU checkpoint engine, the standalone replica, task_runner_v1.check_separate_async); colocate_async runs
+# ours (the CPU checkpoint engine, the standalone replica, async_modes.check_separate_async); colocate_async runs
 # the same manager, tags and staleness path on verl's colocated replica, with long turns that partial rollouts must
 # resume (the default tier proves a resume on the live server: tests/integration/vllm/test_weight_sync_abort.py).
 @pytest.mark.parametrize("mode", [pytest.param("colocate_async", marks=pytest.mark.slow), "separate_async"])

@@ -20,6 +20,7 @@ PLUMBING = {
     "config",
     "recipe_config",
     "recipe_checks",
+    "recipe_sampling",
     "console",
     "errors",
     "paths",
@@ -30,6 +31,7 @@ PLUMBING = {
     "policy",
     "server_actors",
     "wire",
+    "row_echo",
     "tool_calls",
 }
 RANK = {

@@ -22,6 +22,7 @@ One Ray cluster, one vLLM and one Gym for the whole module.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -312,6 +313,48 @@ def test_validation_uses_val_kwargs_and_keeps_every_row(stack):
     val = manager.pop_validation_metrics()  # the shared ValidationPass (manager_base), as the v1 manager feeds it
     assert val["val-aux/all/gym/num_samples"] == 3.0 and "val-core/all/gym/reward_mean" in val, sorted(val)
     assert manager.pop_validation_metrics() == {}
+
+
+def _responses(out) -> list[tuple[int, ...]]:
+    """Each sample's generated tokens (response positions the model sampled)."""
+    return [
+        tuple(r[m.bool()].tolist()) for r, m in zip(out.batch["responses"], out.batch["response_mask"], strict=True)
+    ]
+
+
+def test_validation_sampling_and_a_rows_own_budget_reach_the_engine_per_request(stack):
+    """Issue 25 item 5. verl starts vLLM with the training sampling as server-wide defaults, so a setting not sent
+    with each request is the training one. ``val_kwargs.top_k=1`` at temperature 1 must sample the argmax path: the
+    free prompt's four samples equal its greedy answer; with ``top_k=-1`` (the control) the same temperature gives
+    different samples. A row asking for fewer tokens than the trainer's budget gets at most its own number."""
+    cfg, _, _, manager = stack
+    _, gen_batch = _gen_batch(cfg)
+    free = gen_batch.slice(FORCED * N, (FORCED + 1) * N)  # the free prompt's N samples (no structured output)
+    free.meta_info["validate"] = True
+    original = manager.recipe
+
+    def validate(temperature: float, top_k: int, batch=free) -> list[tuple[int, ...]]:
+        val = original.val_sampling.model_copy(update={"temperature": temperature, "top_k": top_k})
+        manager.recipe = original.model_copy(update={"val_sampling": val})
+        out = manager.generate_sequences(batch)
+        assert (out.batch["response_mask"].sum(-1) > 0).all(), out.non_tensor_batch["gym_masked_reason"]
+        return _responses(out)
+
+    try:
+        greedy = validate(0.0, -1)
+        top1 = validate(1.0, 1)
+        sampled = validate(1.0, -1)
+        capped_rows = copy.deepcopy(free)
+        for row in capped_rows.non_tensor_batch["gym_row"]:
+            row["responses_create_params"]["max_output_tokens"] = 3
+        capped = validate(1.0, -1, capped_rows)
+    finally:
+        manager.recipe = original
+        manager.pop_validation_metrics()
+    assert len(set(greedy)) == 1 and top1 == greedy, (greedy, top1)  # top_k=1 reached vLLM: the argmax path
+    assert len(set(sampled)) > 1, sampled  # the control: the same temperature without top-k samples
+    assert max(len(s) for s in sampled) > 3, sampled  # uncapped, the free prompt's answers run longer than 3
+    assert all(1 <= len(s) <= 3 for s in capped), capped  # the row's own max_output_tokens, below the budget
 
 
 def test_shutdown_stops_gym_and_is_idempotent(stack):

@@ -166,3 +166,40 @@ def test_prefix_supply_on_every_continuation_call_with_gyms_capture(patched_vllm
         parent = root["prompt_token_ids"] + root["generation_token_ids"]
         assert continuation["prompt_token_ids"][: len(parent)] == parent, i
     assert not list(capture.glob("*.tokens.*")), sorted(p.name for p in capture.iterdir())  # retired
+
+
+# ------------------------------------------------------------------- toy_latency: a Gym server of our own, slow tools
+
+LATENCY_S = 1.0
+
+
+@pytest.mark.slow  # its own Gym: 111 s at load 13 (the module's vLLM reused); the latency bench runs it too
+def test_our_latency_server_runs_in_gym_and_every_tool_call_takes_its_time(patched_vllm, tmp_path):
+    """``configs/gym/toy_latency.yaml``: our own resources server (``gym_servers/``), which Gym finds through
+    ``NEMO_GYM_EXTRA_ROOTS`` and runs in its venv, as it runs its built-in ones (reusing this module's vLLM). Every
+    rollout makes two model calls and two tool calls; each tool call waits ``tool_latency_s``, so no rollout can come
+    back sooner than twice that (a lower bound: the server would have to skip the wait); the verifier's reward is 1
+    exactly when the last submission is the row's code."""
+    rows = [json.loads(line) for line in (DATA / "toy_latency_val.jsonl").read_text().splitlines() if line.strip()]
+    spec = GymLaunchSpec(
+        config_paths=[str(REPO / "configs/gym/toy_latency.yaml"), TRAINING_MODEL_CONFIG],
+        policy_base_url=[patched_vllm.base_url],
+        policy_model_name=patched_vllm.model_name,
+        config_overrides={"toy_latency": {"resources_servers": {"toy_latency": {"tool_latency_s": LATENCY_S}}}},
+        env={"NEMO_GYM_EXTRA_ROOTS": str(REPO / "gym_servers")},
+        run_dir=tmp_path / "gym",
+    )
+    with GymServers.start(spec) as gym:
+        step = run_core_step(gym.head_url, rows, "toy_latency_simple_agent", OVERRIDES, prompt_length=1024)
+    outcomes = [r.outcome for r in step.rows]
+    assert all(o.ok for o in outcomes), [o.failure for o in outcomes if not o.ok][:3]
+    assert not [t.masked_reason for t in step.trajectories if t.masked]
+    for row, o in zip(rows, outcomes, strict=True):
+        calls = [item for item in o.result["response"]["output"] if item.get("type") == "function_call"]
+        assert [c["name"] in ("lookup_code", "submit_code") for c in calls] == [True, True], calls
+        submitted = [json.loads(c["arguments"])["code"] for c in calls if c["name"] == "submit_code"]
+        assert o.result["tool_calls"] == 2 and o.result["submitted_code"] == (submitted[-1] if submitted else None)
+        assert o.result["reward"] == float(bool(submitted) and submitted[-1] == row["expected_code"])
+        assert o.latency_s >= 2 * LATENCY_S, o.latency_s
+    latencies = sorted(o.latency_s for o in outcomes)
+    print(f"toy_latency: {len(rows)} rollouts, latency {latencies[0]:.2f}-{latencies[-1]:.2f} s; {step.metrics}")

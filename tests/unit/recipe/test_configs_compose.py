@@ -24,6 +24,7 @@ def _compose(name: str, overrides: tuple[str, ...] = ()):
 def test_the_shipped_configs_are_the_expected_ones():
     assert PRIMARY_CONFIGS == [
         "nemo_gym_cpu",
+        "nemo_gym_cpu_latency",
         "nemo_gym_cpu_multi_env",
         "nemo_gym_cpu_qwen_tools",
         "nemo_gym_cpu_smollm2_math",
@@ -242,3 +243,14 @@ def test_a_bad_row_stops_the_run_before_anything_starts(tmp_path, capsys):
     cfg = _compose("nemo_gym_cpu", (f"data.train_files=[{bad}]",))
     assert run(cfg) == 2  # returns before Ray, verl or Gym is touched
     assert f"{bad}:2" in capsys.readouterr().err
+
+
+def test_the_latency_config_points_gym_at_our_own_server():
+    """``nemo_gym_cpu_latency`` starts our toy_latency server (gym_servers/), which Gym finds under
+    NEMO_GYM_EXTRA_ROOTS: the root holds the server Gym will look for, with its requirements file (Gym's marker)."""
+    cfg = _compose("nemo_gym_cpu_latency")
+    root = Path(cfg.nemo_gym.env.NEMO_GYM_EXTRA_ROOTS)
+    server = root / "resources_servers" / "toy_latency"
+    assert (server / "app.py").is_file() and (server / "requirements.txt").is_file()
+    latency = cfg.nemo_gym.config_overrides.toy_latency.resources_servers.toy_latency.tool_latency_s
+    assert latency >= 0
