@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,8 @@ def main() -> int:
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # Stopped (SIGTERM, e.g. a timeout): the run is stopped as a whole, as its own SIGTERM handling does, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: os.killpg(proc.pid, signal.SIGTERM))
     watch = TreeListeners(proc.pid, log_path, args.trigger)
     watch.start()
     proc.wait()
