@@ -141,12 +141,21 @@ def make(
     rng = random.Random(seed)
     seen: set[str] = set()
     out: list[dict] = []
+    misses = 0  # draws in a row that repeated a row: the settings may not have that many distinct rows
     while len(out) < n_val + n_train:
         r = row(rng, len(out), n_terms, target_synonyms)
         key = json.dumps(r["responses_create_params"]["input"], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
+        if key in seen:
+            misses += 1
+            if misses > 10_000:
+                raise ValueError(
+                    f"only {len(out)} distinct rows found for --terms {n_terms} --target-synonyms "
+                    f"{','.join(map(str, target_synonyms))}; asked for {n_val} validation + {n_train} training rows"
+                )
+            continue
+        misses = 0
+        seen.add(key)
+        out.append(r)
     return out[n_val:], out[:n_val]
 
 
@@ -170,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     counts = tuple(int(n) for n in args.target_synonyms.split(","))
     if not counts or min(counts) < 1 or max(counts) > 3:
         p.error(f"--target-synonyms {args.target_synonyms!r}: counts between 1 and 3 (each term has 3 synonyms)")
-    train, val = make(args.train, args.val, args.seed, args.terms, counts)
+    try:
+        train, val = make(args.train, args.val, args.seed, args.terms, counts)
+    except ValueError as e:
+        p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
     write(train, args.out / TRAIN_FILE)
     write(val, args.out / VAL_FILE)

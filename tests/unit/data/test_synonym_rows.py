@@ -8,6 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from nemo_gym_adapter.data.rows import validate_row
 
 REPO = Path(__file__).resolve().parents[3]
@@ -50,3 +52,12 @@ def test_validation_is_disjoint_and_every_row_is_solvable_by_the_tools():
             "get_synonym_value",
             "extract_synonym_values",
         }
+
+
+def test_settings_with_too_few_distinct_rows_are_an_error_not_a_hang():
+    script = _script()
+    # one term with one synonym: 20 terms x 2 questions x 3 synonyms = 120 distinct rows at most
+    with pytest.raises(ValueError, match="only 120 distinct rows"):
+        script.make(256, 32, 2025, 1, (1,))
+    train, val = script.make(64, 32, 2025, 1, (1,))
+    assert len(train) == 64 and len(val) == 32
