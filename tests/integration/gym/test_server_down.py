@@ -118,9 +118,11 @@ def batch(match_repeats: int = 1, tokens: int = 100) -> tuple[list[dict[str, Any
     return rows, [r["agent_ref"]["name"] for r in rows]
 
 
-def generated(base_url: str) -> float:
-    """vLLM's count of tokens generated so far (Prometheus counter: a poll cannot miss an increase)."""
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as response:
+def generated(base_url: str, headers: dict[str, str] | None = None) -> float:
+    """vLLM's count of tokens generated so far (Prometheus counter: a poll cannot miss an increase); ``headers``: the
+    run's rollout key, for a replica behind the access guard."""
+    request = urllib.request.Request(base_url.removesuffix("/v1") + "/metrics", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:generation_tokens_total"))
 
