@@ -79,11 +79,6 @@ def recipe_command(args: argparse.Namespace, partial: bool, out_dir: Path) -> li
     ]
 
 
-def run(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, float]:
-    """The recipe in its own session (stopped with everything it started on timeout), this checkout on the path."""
-    return run_variant(cmd, out_dir, timeout)
-
-
 def summarize(steps: dict[int, dict[str, float]]) -> dict[str, float]:
     ordered = [m for _, m in sorted(steps.items())]
     last_counts = next((m for m in reversed(ordered) if "gym/engine/interrupted_turns_total" in m), {})
@@ -125,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = recipe_command(args, name == "partial", out_dir)
         load = os.getloadavg()[0]
         print(f"{name}: running (log {out_dir / 'recipe.log'}, load {load:.1f}) ...", file=sys.stderr)
-        code, wall = run(cmd, out_dir, args.timeout)
+        code, wall = run_variant(cmd, out_dir, args.timeout)
         metrics = out_dir / "metrics.jsonl"
         if code != 0 or not metrics.is_file():
             print(f"{name}: exit {code} after {wall:.0f}s; log {out_dir / 'recipe.log'}", file=sys.stderr)
