@@ -42,6 +42,10 @@ SYSTEM = (
 )
 # Greedy, the model answered the bare question in prose and called no tool (0 of 32 rows with the instructions alone).
 ASK = "{} Use the tools: look up the values of the synonyms of the term this question is about."
+# `--ask synonyms`: the user turn names the synonyms to look up, so what is left to learn is the multi-turn part (each
+# lookup once, then the report with the values the tool gave). Asked about the term only, the model looked up the term
+# itself and repeated that lookup to max_steps on 32 of 32 held-out rows, greedy.
+ASK_NAMED = "{} Use the tools: look up {}, then report {} with extract_synonym_values."
 # term -> (synonyms, questions about it)
 TERMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Hot": (("Blazing", "Warm", "Scorching"), ("Why are deserts so hot at noon?", "How do I cool down on a hot day?")),
@@ -105,7 +109,17 @@ TOOLS = [
 ]
 
 
-def row(rng: random.Random, index: int, n_terms: int, target_synonyms: tuple[int, ...] = (1, 2)) -> dict:
+def _ask_named(question: str, synonyms: list[str]) -> str:
+    quoted = [f"'{s}'" for s in synonyms]
+    if len(quoted) == 1:
+        return ASK_NAMED.format(question, f"the value of {quoted[0]}", "it")
+    listed = ", ".join(quoted[:-1]) + " and " + quoted[-1]
+    return ASK_NAMED.format(question, f"the values of {listed}, in that order", "them")
+
+
+def row(
+    rng: random.Random, index: int, n_terms: int, target_synonyms: tuple[int, ...] = (1, 2), ask: str = "term"
+) -> dict:
     terms = rng.sample(sorted(TERMS), n_terms)
     target = terms[0]
     question = rng.choice(TERMS[target][1])
@@ -122,7 +136,10 @@ def row(rng: random.Random, index: int, n_terms: int, target_synonyms: tuple[int
         "responses_create_params": {
             "input": [
                 {"role": "system", "content": SYSTEM + listing},
-                {"role": "user", "content": ASK.format(question)},
+                {
+                    "role": "user",
+                    "content": ASK.format(question) if ask == "term" else _ask_named(question, expected),
+                },
             ],
             "tools": TOOLS,
             "parallel_tool_calls": False,
@@ -136,14 +153,14 @@ def row(rng: random.Random, index: int, n_terms: int, target_synonyms: tuple[int
 
 
 def make(
-    n_train: int, n_val: int, seed: int, n_terms: int, target_synonyms: tuple[int, ...] = (1, 2)
+    n_train: int, n_val: int, seed: int, n_terms: int, target_synonyms: tuple[int, ...] = (1, 2), ask: str = "term"
 ) -> tuple[list[dict], list[dict]]:
     rng = random.Random(seed)
     seen: set[str] = set()
     out: list[dict] = []
     misses = 0  # draws in a row that repeated a row: the settings may not have that many distinct rows
     while len(out) < n_val + n_train:
-        r = row(rng, len(out), n_terms, target_synonyms)
+        r = row(rng, len(out), n_terms, target_synonyms, ask)
         key = json.dumps(r["responses_create_params"]["input"], sort_keys=True)
         if key in seen:
             misses += 1
@@ -175,18 +192,26 @@ def main(argv: list[str] | None = None) -> int:
         default="1,2",
         help="how many synonyms the asked term has, drawn from this comma-separated list per row",
     )
+    p.add_argument(
+        "--ask",
+        choices=("term", "synonyms"),
+        default="term",
+        help="what the user turn names: the term (the model finds its synonyms in the list) or the synonyms themselves",
+    )
+    p.add_argument("--prefix", default="synonyms", help="output files <prefix>_train.jsonl and <prefix>_val.jsonl")
     args = p.parse_args(argv)
     counts = tuple(int(n) for n in args.target_synonyms.split(","))
     if not counts or min(counts) < 1 or max(counts) > 3:
         p.error(f"--target-synonyms {args.target_synonyms!r}: counts between 1 and 3 (each term has 3 synonyms)")
     try:
-        train, val = make(args.train, args.val, args.seed, args.terms, counts)
+        train, val = make(args.train, args.val, args.seed, args.terms, counts, args.ask)
     except ValueError as e:
         p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
-    write(train, args.out / TRAIN_FILE)
-    write(val, args.out / VAL_FILE)
-    print(f"{len(train)} training rows -> {args.out / TRAIN_FILE}, {len(val)} validation rows -> {args.out / VAL_FILE}")
+    train_path, val_path = args.out / f"{args.prefix}_train.jsonl", args.out / f"{args.prefix}_val.jsonl"
+    write(train, train_path)
+    write(val, val_path)
+    print(f"{len(train)} training rows -> {train_path}, {len(val)} validation rows -> {val_path}")
     return 0
 
 

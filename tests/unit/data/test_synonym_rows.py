@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,32 @@ def test_settings_with_too_few_distinct_rows_are_an_error_not_a_hang():
         script.make(256, 32, 2025, 1, (1,))
     train, val = script.make(64, 32, 2025, 1, (1,))
     assert len(train) == 64 and len(val) == 32
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_rows_that_name_the_synonyms_name_exactly_the_expected_ones_in_order(count):
+    script = _script()
+    train, val = script.make(32, 8, 7, 2, (count,), ask="synonyms")
+    for r in train + val:
+        user = r["responses_create_params"]["input"][1]["content"]
+        named = re.findall(r"'([^']+)'", user)  # the questions hold no quote of their own
+        assert named == r["expected_synonyms"] and len(named) == count, user
+        assert user.endswith("with extract_synonym_values.")
+        assert ("in that order" in user) == (count > 1)
+    # the term-only rows of the same seed ask the same questions about the same terms: only the user turn differs
+    plain_train, _ = script.make(32, 8, 7, 2, (count,))
+    assert [r["minefield_label"] for r in plain_train] == [r["minefield_label"] for r in train]
+    assert [r["responses_create_params"]["input"][0] for r in plain_train] == [
+        r["responses_create_params"]["input"][0] for r in train
+    ]
+
+
+def test_the_prefix_names_the_output_files(tmp_path):
+    script = _script()
+    assert (
+        script.main(["--out", str(tmp_path), "--ask", "synonyms", "--prefix", "named", "--train", "4", "--val", "2"])
+        == 0
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["named_train.jsonl", "named_val.jsonl"]
+    first = json.loads((tmp_path / "named_val.jsonl").read_text().splitlines()[0])
+    assert "Use the tools: look up the value" in first["responses_create_params"]["input"][1]["content"]
