@@ -71,8 +71,13 @@ _tier_tests: Counter[str] = Counter()
 _session_start = [time.monotonic()]
 
 
+_is_xdist_controller = [False]
+
+
 def pytest_configure(config):
     _session_start[0] = time.monotonic()
+    # pytest-xdist's controller (`-n N`) collects no items (its workers, which have `workerinput`, do)
+    _is_xdist_controller[0] = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
 
 
 def tier(item) -> str:
@@ -84,8 +89,11 @@ def tier(item) -> str:
 
 
 def pytest_runtest_logreport(report):
-    """Add each test's set-up, call and teardown time (module fixtures included) to its tier's total."""
+    """Add each test's set-up, call and teardown time (module fixtures included) to its tier's total. Under
+    pytest-xdist the controller collects nothing: the tier comes from the markers the worker's report carries."""
     name = _tier_of.get(report.nodeid)
+    if name is None and _is_xdist_controller[0]:
+        name = next((t for t in ("slow", "e2e", "integration") if t in report.keywords), "unit")
     if name is not None:
         _tier_seconds[name] += report.duration
         _tier_tests[name] += report.when == "call"

@@ -11,7 +11,7 @@ v1 trainer of verl 0.9.1 alone fails on its first step). Checked from the consol
 the components' sum and no result broke that (``reward_components_sum_mismatch_rate`` 0, nothing incomplete); the
 loss and advantages are finite. That GDPO's numbers are the legacy trainer's on the same batch, bit for bit, is
 ``tests/unit/recipe/test_gdpo.py``; the legacy trainer's run of the same command (``trainer.use_v1=false``) is
-here too, in the slow tier (``pytest --slow``; CI runs the v1 one). No process is left behind. Lean (CI budget):
+here too. Both launches are the slow tier (``pytest --slow``; docs/CI.md says why). No process is left behind. Lean (CI budget):
 4 rows x 4 samples, 2 steps, no validation.
 """
 
@@ -98,13 +98,17 @@ def _nothing_left(tmp_path, reaped_children) -> None:  # noqa: F811
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
 
 
+# The slow tier too (CI budget; docs/CI.md): 145 s of a fresh clone's CI. In the unit tier: GDPO's advantages through
+# verl's real code on both trainers, bit for bit (tests/unit/recipe/test_gdpo.py), the components' columns and masking
+# (tests/unit/recipe/test_outcomes.py); the v1 launch it rides on is the v1 smoke's.
+@pytest.mark.slow
 def test_gdpo_on_gym_reward_components_on_the_v1_trainer(tmp_path, reaped_children):  # noqa: F811
     steps, _, wall = _run_gdpo(tmp_path, "trainer.use_v1=true", "trainer.v1.trainer_mode=sync")
     _check_gdpo_steps(steps, wall, "v1")
     _nothing_left(tmp_path, reaped_children)
 
 
-@pytest.mark.slow  # the same command on the legacy trainer; the v1 launch above is CI's
+@pytest.mark.slow  # the same command on the legacy trainer
 def test_gdpo_on_gym_reward_components_on_the_legacy_trainer(tmp_path, reaped_children):  # noqa: F811
     steps, _, wall = _run_gdpo(tmp_path, LEGACY)
     _check_gdpo_steps(steps, wall, "legacy")
