@@ -19,10 +19,10 @@ terms and question templates are the same (the skill, not new words, is what is 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-from pathlib import Path
+
+from nemo_gym_adapter.data.row_files import split_parser, write_jsonl
 
 AGENT = "example_multi_step_simple_agent"
 TRAIN_FILE, VAL_FILE = "synonyms_train.jsonl", "synonyms_val.jsonl"
@@ -176,16 +176,8 @@ def make(
     return out[n_val:], out[:n_val]
 
 
-def write(rows: list[dict], path: Path) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "data")
-    p.add_argument("--train", type=int, default=256)
-    p.add_argument("--val", type=int, default=32)
-    p.add_argument("--seed", type=int, default=2025)
+    p = split_parser(__doc__)
     p.add_argument("--terms", type=int, default=3, help="terms listed in each row's prompt (the first is asked)")
     p.add_argument(
         "--target-synonyms",
@@ -209,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
     train_path, val_path = args.out / f"{args.prefix}_train.jsonl", args.out / f"{args.prefix}_val.jsonl"
-    write(train, train_path)
-    write(val, val_path)
+    write_jsonl(train, train_path)
+    write_jsonl(val, val_path)
     print(f"{len(train)} training rows -> {train_path}, {len(val)} validation rows -> {val_path}")
     return 0
 

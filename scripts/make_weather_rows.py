@@ -16,10 +16,9 @@ the same phrasings.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-from pathlib import Path
+
+from nemo_gym_adapter.data.row_files import split_parser, write_jsonl
 
 AGENT = "example_single_tool_call_simple_agent"
 TRAIN_FILE, VAL_FILE = "weather_train.jsonl", "weather_val.jsonl"
@@ -97,24 +96,16 @@ def make(n_train: int, n_val: int, seed: int, val_cities: int = 12) -> tuple[lis
     return [row(*p) for p in pairs["train"][:n_train]], [row(*p) for p in pairs["val"][:n_val]]
 
 
-def write(rows: list[dict], path: Path) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "data")
-    p.add_argument("--train", type=int, default=256)
-    p.add_argument("--val", type=int, default=32)
-    p.add_argument("--seed", type=int, default=2025)
+    p = split_parser(__doc__)
     args = p.parse_args(argv)
     try:
         train, val = make(args.train, args.val, args.seed)
     except ValueError as e:
         p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
-    write(train, args.out / TRAIN_FILE)
-    write(val, args.out / VAL_FILE)
+    write_jsonl(train, args.out / TRAIN_FILE)
+    write_jsonl(val, args.out / VAL_FILE)
     print(f"{len(train)} training rows -> {args.out / TRAIN_FILE}, {len(val)} validation rows -> {args.out / VAL_FILE}")
     return 0
 
