@@ -4,35 +4,23 @@ environment's own tool would give."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
 
 from nemo_gym_adapter.data.rows import validate_row
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("make_synonym_rows", REPO / "scripts" / "make_synonym_rows.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.row_scripts import assert_regenerated, load_script
 
 
 def test_the_committed_rows_are_the_generators_output(tmp_path):
-    script = _script()
+    script = load_script("make_synonym_rows")
     assert script.main(["--out", str(tmp_path)]) == 0
-    for name in (script.TRAIN_FILE, script.VAL_FILE):
-        assert (tmp_path / name).read_bytes() == (REPO / "configs" / "data" / name).read_bytes(), name
+    assert_regenerated(script, tmp_path, (script.TRAIN_FILE, script.VAL_FILE))
 
 
 def test_validation_is_disjoint_and_every_row_is_solvable_by_the_tools():
-    script = _script()
+    script = load_script("make_synonym_rows")
     train, val = script.make(256, 32, 2025, 3)
     assert len(train) == 256 and len(val) == 32
     key = lambda r: json.dumps(r["responses_create_params"]["input"], sort_keys=True)  # noqa: E731
@@ -56,7 +44,7 @@ def test_validation_is_disjoint_and_every_row_is_solvable_by_the_tools():
 
 
 def test_settings_with_too_few_distinct_rows_are_an_error_not_a_hang():
-    script = _script()
+    script = load_script("make_synonym_rows")
     # one term with one synonym: 20 terms x 2 questions x 3 synonyms = 120 distinct rows at most
     with pytest.raises(ValueError, match="only 120 distinct rows"):
         script.make(256, 32, 2025, 1, (1,))
@@ -66,7 +54,7 @@ def test_settings_with_too_few_distinct_rows_are_an_error_not_a_hang():
 
 @pytest.mark.parametrize("count", [1, 2, 3])
 def test_rows_that_name_the_synonyms_name_exactly_the_expected_ones_in_order(count):
-    script = _script()
+    script = load_script("make_synonym_rows")
     train, val = script.make(32, 8, 7, 2, (count,), ask="synonyms")
     for r in train + val:
         user = r["responses_create_params"]["input"][1]["content"]
@@ -83,7 +71,7 @@ def test_rows_that_name_the_synonyms_name_exactly_the_expected_ones_in_order(cou
 
 
 def test_the_prefix_names_the_output_files(tmp_path):
-    script = _script()
+    script = load_script("make_synonym_rows")
     assert (
         script.main(["--out", str(tmp_path), "--ask", "synonyms", "--prefix", "named", "--train", "4", "--val", "2"])
         == 0

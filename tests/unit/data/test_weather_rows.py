@@ -3,22 +3,10 @@ Gym's ``example_single_tool_call`` row format, with validation cities the traini
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from nemo_gym_adapter.data.rows import validate_row
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("make_weather_rows", REPO / "scripts" / "make_weather_rows.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.row_scripts import assert_regenerated, load_script
 
 
 def _city(script, r: dict) -> str:
@@ -28,14 +16,13 @@ def _city(script, r: dict) -> str:
 
 
 def test_the_committed_rows_are_the_generators_output(tmp_path):
-    script = _script()
+    script = load_script("make_weather_rows")
     assert script.main(["--out", str(tmp_path)]) == 0
-    for name in (script.TRAIN_FILE, script.VAL_FILE):
-        assert (tmp_path / name).read_bytes() == (REPO / "configs" / "data" / name).read_bytes(), name
+    assert_regenerated(script, tmp_path, (script.TRAIN_FILE, script.VAL_FILE))
 
 
 def test_validation_cities_are_never_in_training_and_rows_are_gyms_format():
-    script = _script()
+    script = load_script("make_weather_rows")
     train, val = script.make(256, 32, 2025)
     assert len(train) == 256 and len(val) == 32
     assert not {_city(script, r) for r in train} & {_city(script, r) for r in val}
@@ -49,6 +36,6 @@ def test_validation_cities_are_never_in_training_and_rows_are_gyms_format():
 
 
 def test_more_rows_than_the_phrasings_allow_is_an_error():
-    script = _script()
+    script = load_script("make_weather_rows")
     with pytest.raises(ValueError, match="distinct val rows"):
         script.make(16, 10_000, 2025)
