@@ -25,7 +25,8 @@ import random
 from nemo_gym_adapter.data.row_files import split_parser, write_jsonl
 
 AGENT = "example_multi_step_simple_agent"
-TRAIN_FILE, VAL_FILE = "synonyms_train.jsonl", "synonyms_val.jsonl"
+PREFIX = "synonyms"  # the committed files; --prefix writes others
+TRAIN_FILE, VAL_FILE = f"{PREFIX}_train.jsonl", f"{PREFIX}_val.jsonl"
 SYSTEM = (
     "# Instructions\nYou are an extraction agent. Use the tools to find the values of the synonyms of the term the "
     "user's question is about: call get_synonym_value once for each of that term's synonyms, in the order they are "
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         default="term",
         help="what the user turn names: the term (the model finds its synonyms in the list) or the synonyms themselves",
     )
-    p.add_argument("--prefix", default="synonyms", help="output files <prefix>_train.jsonl and <prefix>_val.jsonl")
+    p.add_argument("--prefix", default=PREFIX, help="output files <prefix>_train.jsonl and <prefix>_val.jsonl")
     args = p.parse_args(argv)
     counts = tuple(int(n) for n in args.target_synonyms.split(","))
     if not counts or min(counts) < 1 or max(counts) > 3:

@@ -71,32 +71,26 @@ _tier_tests: Counter[str] = Counter()
 _session_start = [time.monotonic()]
 
 
-_is_xdist_controller = [False]
-
-
 def pytest_configure(config):
     _session_start[0] = time.monotonic()
-    # pytest-xdist's controller (`-n N`) collects no items (its workers, which have `workerinput`, do)
-    _is_xdist_controller[0] = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def _tier_of_markers(has) -> str:
+    """``slow`` (marked), else ``e2e``, ``integration`` or ``unit``; ``has(name)`` says whether a marker is set."""
+    return next((name for name in ("slow", "e2e", "integration") if has(name)), "unit")
 
 
 def tier(item) -> str:
-    """The tier a collected test belongs to: ``slow`` (marked), else ``e2e``, ``integration`` or ``unit``."""
-    for name in ("slow", "e2e", "integration"):
-        if item.get_closest_marker(name) is not None:
-            return name
-    return "unit"
+    """The tier a collected test belongs to."""
+    return _tier_of_markers(lambda name: item.get_closest_marker(name) is not None)
 
 
 def pytest_runtest_logreport(report):
     """Add each test's set-up, call and teardown time (module fixtures included) to its tier's total. Under
     pytest-xdist the controller collects nothing: the tier comes from the markers the worker's report carries."""
-    name = _tier_of.get(report.nodeid)
-    if name is None and _is_xdist_controller[0]:
-        name = next((t for t in ("slow", "e2e", "integration") if t in report.keywords), "unit")
-    if name is not None:
-        _tier_seconds[name] += report.duration
-        _tier_tests[name] += report.when == "call"
+    name = _tier_of.get(report.nodeid) or _tier_of_markers(lambda marker: marker in report.keywords)
+    _tier_seconds[name] += report.duration
+    _tier_tests[name] += report.when == "call"
 
 
 def pytest_terminal_summary(terminalreporter):
