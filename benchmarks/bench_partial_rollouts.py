@@ -30,6 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bench_step_time import run_variant  # noqa: E402  (one way to run the recipe in its own session)
 
 MODES = {
     "colocate_async": ["trainer.v1.trainer_mode=colocate_async"],
@@ -76,23 +79,6 @@ def recipe_command(args: argparse.Namespace, partial: bool, out_dir: Path) -> li
     ]
 
 
-def run(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, float]:
-    """The recipe in its own session (stopped with everything it started on timeout), this checkout on the path."""
-    from nemo_gym_adapter.procs import SessionProcess
-
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    t0 = time.monotonic()
-    proc = SessionProcess(name="recipe", cmd=cmd, log_path=out_dir / "recipe.log", env=env, cwd=REPO)
-    try:
-        while proc.popen.poll() is None and time.monotonic() - t0 < timeout:
-            time.sleep(2)
-    finally:
-        code = proc.popen.poll()
-        proc.stop()
-    return (code if code is not None else -1), time.monotonic() - t0
-
-
 def summarize(steps: dict[int, dict[str, float]]) -> dict[str, float]:
     ordered = [m for _, m in sorted(steps.items())]
     last_counts = next((m for m in reversed(ordered) if "gym/engine/interrupted_turns_total" in m), {})
@@ -114,7 +100,7 @@ def summarize(steps: dict[int, dict[str, float]]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recipe.nemo_gym.reporting import load_step_metrics
+    from recipe.nemo_gym.reward_curve import load_step_metrics
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config-name", default="nemo_gym_cpu")
@@ -134,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = recipe_command(args, name == "partial", out_dir)
         load = os.getloadavg()[0]
         print(f"{name}: running (log {out_dir / 'recipe.log'}, load {load:.1f}) ...", file=sys.stderr)
-        code, wall = run(cmd, out_dir, args.timeout)
+        code, wall = run_variant(cmd, out_dir, args.timeout)
         metrics = out_dir / "metrics.jsonl"
         if code != 0 or not metrics.is_file():
             print(f"{name}: exit {code} after {wall:.0f}s; log {out_dir / 'recipe.log'}", file=sys.stderr)

@@ -10,10 +10,12 @@
 The policy is a checkpoint (``--model``; default: the demo's tiny model) served here by vLLM with the token-ID patch
 (``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags; ``--tool-parser`` the tool parser, by
 default the model's own: ``ngv_json`` for the converted tool model, ``hermes`` otherwise; ``--no-patch`` serves it with
-stock vLLM, to measure what the patch fixes), or any OpenAI-compatible server
-(``--policy-base-url``). Gym is started here with the bundled environments (``--env NAME``: the config that declares
-its ``data/example.jsonl`` for an agent, as Gym links rows to agents, preferring one that needs nothing from outside
--- a key nobody sets, an API, a program not installed --, else naming what it needs: ``gym.catalogue``) and/or your configs
+stock vLLM, to measure what the patch fixes) on loopback, requiring a key generated for this run (on every route with
+the patch, under ``/v1`` without it; ``nemo_gym_adapter.access``; Gym's model server gets it through its environment),
+or any OpenAI-compatible server (``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is
+started here with the bundled environments (``--env NAME``: the config that declares its ``data/example.jsonl`` for an
+agent, as Gym links rows to agents, preferring one that needs nothing from outside -- a key nobody sets, an API, a
+program not installed --, else naming what it needs: ``gym.catalogue``) and/or your configs
 (``--config-path``) in front of that policy, or attached to (``--gym-head-url``: that Gym's own policy). Rows: ``--data``
 JSONL files (rows without ``agent_ref``/``task_source`` go to ``--agent``, else to the one ``--env``'s agent) or each
 ``--env``'s bundled examples (routed to the declaring agent), times ``--repeats``; every row is checked before
@@ -89,7 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--model-name", help="served model name (default: what the server lists first)")
     m.add_argument("--temperature", type=float, default=1.0)
     m.add_argument("--top-p", type=float, default=None)
-    m.add_argument("--max-output-tokens", type=int, default=64, help="per model call (default 64)")
+    m.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=64,
+        help="per model call, at most (a row's own smaller one is kept; 64)",
+    )
     m.add_argument("--prompt-length", type=int, default=None, help="training's prompt budget (default: none)")
     m.add_argument("--response-length", type=int, default=None, help="training's response budget (default: none)")
     m.add_argument(
@@ -151,12 +158,16 @@ def row_files(args: argparse.Namespace, bundled: Sequence[Any], out_dir: Path) -
 
 def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]) -> Any:
     """A Gym started here with --env/--config-path in front of the policy (served here unless --policy-base-url)."""
+    from pydantic import SecretStr
+
+    from nemo_gym_adapter.access import key as access_key
     from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
     from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.policy import read_model_card
 
     configs = [env.config for env in bundled]
     base_url, name = args.policy_base_url, args.model_name
+    key: SecretStr | None
     if base_url is None:
         from nemo_gym_adapter.demo_models.converter import tool_parser_of
         from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, STOCK_LAUNCHER, start_vllm_server, tool_args
@@ -166,13 +177,17 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]
         parser = tool_parser_of(model) if args.tool_parser is None else args.tool_parser
         parser = None if parser == "none" else parser
         patch = "no token-ID patch" if args.no_patch else "token-ID patch"
+        key = access_key.generate().value  # only this process and the Gym it starts know it
         print(f"starting vLLM ({patch}, tool parser {parser}) with {model} ...", file=sys.stderr)
         launcher = STOCK_LAUNCHER if args.no_patch else PATCHED_LAUNCHER
         server = start_vllm_server(
-            model, name, extra_args=args.vllm_arg, tool_args=tool_args(parser), launcher=launcher
+            model, name, extra_args=args.vllm_arg, tool_args=tool_args(parser), launcher=launcher, api_key=key
         )
         base_url = stack.enter_context(server).base_url
-    name = name or read_model_card({base_url: "--policy-base-url"}).name
+    else:
+        chosen = access_key.from_env()
+        key = chosen.value if chosen is not None else None
+    name = name or read_model_card({base_url: "--policy-base-url"}, api_key=key).name
     # A random model that calls a tool would otherwise loop until its context is full.
     agents = [env.agent for env in bundled if env.agent_impl == "simple_agent"]
     max_steps = {"responses_api_agents": {"simple_agent": {"max_steps": args.max_steps}}}
@@ -180,6 +195,7 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]
         config_paths=[*configs, *args.config_path, TRAINING_MODEL_CONFIG],
         policy_base_url=[base_url],
         policy_model_name=name,
+        **({"policy_api_key": key} if key is not None else {}),
         config_overrides={agent: max_steps for agent in agents},
         startup_timeout_s=args.startup_timeout,
         # Own Ray temp dir: a stale /tmp/ray/ray_current_cluster (left by a dead `ray start`) would make Gym's

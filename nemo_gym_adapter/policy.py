@@ -9,7 +9,8 @@
   moves only when the trainer's weight sync changed the engine: a step-over-step check that training reaches it.
 
 Addresses are verl's replica keys, ``"host:port"`` (``"[v6]:port"`` for IPv6), or OpenAI base URLs (``…/v1``);
-:func:`base_url` turns one into the OpenAI base URL Gym's model server is given.
+:func:`base_url` turns one into the OpenAI base URL Gym's model server is given. ``api_key``: the run's rollout key
+(``nemo_gym_adapter.access``), sent as ``Authorization: Bearer`` on every request; None for a server without one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import logging
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from pydantic import SecretStr
 
 from nemo_gym_adapter.errors import ServerError
 
@@ -42,7 +45,15 @@ class ModelCard:
     max_model_len: int | None
 
 
-def read_model_card(replicas: Mapping[str, str], timeout_s: float = 60.0) -> ModelCard:
+def auth_headers(api_key: SecretStr | str | None) -> dict[str, str]:
+    """``{"Authorization": "Bearer <key>"}`` for a rollout key, ``{}`` for None."""
+    value = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
+    return {"Authorization": f"Bearer {value}"} if value else {}
+
+
+def read_model_card(
+    replicas: Mapping[str, str], timeout_s: float = 60.0, *, api_key: SecretStr | str | None = None
+) -> ModelCard:
     """``GET /v1/models`` of every replica (``{address: label}``; the label, e.g. the Ray actor name, goes in errors).
 
     Raises:
@@ -52,7 +63,8 @@ def read_model_card(replicas: Mapping[str, str], timeout_s: float = 60.0) -> Mod
     for address, label in replicas.items():
         url = f"{base_url(address)}/models"
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            request = urllib.request.Request(url, headers=auth_headers(api_key))
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 card = json.load(response)["data"][0]
         except (OSError, ValueError, KeyError, IndexError) as e:
             raise ServerError(f"rollout replica {address} ({label}): GET {url} failed: {e}") from e
@@ -71,7 +83,13 @@ def effective_max_model_len(configured: int | None, served: int | None) -> int |
 
 
 def probe_logprob(
-    address: str, model: str, token_ids: Sequence[int], timeout_s: float = 60.0, *, api: str = "completions"
+    address: str,
+    model: str,
+    token_ids: Sequence[int],
+    timeout_s: float = 60.0,
+    *,
+    api: str = "completions",
+    api_key: SecretStr | str | None = None,
 ) -> float | None:
     """Mean log-probability of ``token_ids[1:]`` given their prefix, from the replica at ``address``; ``api``:
     ``completions`` (vLLM) or ``generate`` (SGLang), see the module docstring.
@@ -88,7 +106,8 @@ def probe_logprob(
     else:
         url = f"{base_url(address)}/completions"
         body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **auth_headers(api_key)}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             answer = json.load(response)

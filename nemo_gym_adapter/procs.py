@@ -145,8 +145,10 @@ class ManagedProcess:
         timeout: float,
         ok_statuses: tuple[int, ...] = (200,),
         interval: float = 0.5,
+        headers: Mapping[str, str] | None = None,
     ) -> float:
-        """Poll ``url`` until it answers one of ``ok_statuses``; return seconds waited.
+        """Poll ``url`` (sending ``headers``, e.g. a rollout key) until it answers one of ``ok_statuses``; return
+        seconds waited.
 
         Raises ``ServerError`` (with the log tail) if the process exits or ``timeout`` passes.
         """
@@ -156,7 +158,7 @@ class ManagedProcess:
             if not self.alive():
                 raise self.fail(f"exited with code {self.popen.returncode} before {url} answered")
             try:
-                with urllib.request.urlopen(url, timeout=5) as r:
+                with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=5) as r:
                     if r.status in ok_statuses:
                         self.remember_descendants()
                         return time.monotonic() - t0

@@ -7,8 +7,7 @@ value and the fix, so that :func:`~nemo_gym_adapter.recipe_config.load_config` r
 - the engine (``actor_rollout_ref.rollout.name``): the engines the token-ID patch supports, and what SGLang needs
   from verl's rollout keys (docs/SGLANG.md);
 - the advantage estimator (``algorithm.adv_estimator``): ``masked_grpo`` or one of verl's outcome estimators whose
-  masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group statistic; GDPO's reward keys and
-  trainer;
+  masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group statistic; GDPO's reward keys;
 - ``nemo_gym.trajectory.contiguity: split``: the trainer and the estimators that count a split rollout once;
 - group filtering (``algorithm.filter_groups``): the trainer and a metric masked samples cannot decide.
 """
@@ -94,20 +93,13 @@ def check_split_estimator(contiguity: str, v1: bool, estimator: Any, problems: l
         )
 
 
-def gdpo_reward_keys(raw: Any, estimator: Any, v1: bool, problems: list[str]) -> list[str]:
+def gdpo_reward_keys(raw: Any, estimator: Any, problems: list[str]) -> list[str]:
     """``algorithm.gdpo_reward_keys`` (``raw``: a list, one string or None) as strings; with
-    ``algorithm.adv_estimator=gdpo`` problems appended: the v1 trainer (verl 0.9.1's
-    ``trainer_base._compute_advantage`` hands the estimator no reward components) and an empty list."""
+    ``algorithm.adv_estimator=gdpo`` a problem appended for an empty list or a key that is not a name. Both trainers
+    run GDPO (on v1 the components reach verl's estimator through ``recipe.nemo_gym.gdpo``)."""
     keys = [raw] if isinstance(raw, str) else list(raw or [])
     if estimator != GDPO:
         return [str(k) for k in keys]
-    if v1:
-        problems.append(
-            f"algorithm.adv_estimator={GDPO!r} (algorithm.gdpo_reward_keys={[str(k) for k in keys]}): verl 0.9.1's v1 "
-            "trainer does not pass reward components to the estimator (trainer_base._compute_advantage fetches only "
-            "uid, response_mask, rm_scores, log-probs and values), so GDPO would fail or silently train on the summed "
-            "reward; set trainer.use_v1=false (the legacy trainer passes them) or use masked_grpo"
-        )
     bad = [k for k in keys if not isinstance(k, str) or not k]
     if not keys or bad:
         problems.append(

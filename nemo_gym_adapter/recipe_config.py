@@ -20,6 +20,7 @@ from nemo_gym_adapter import recipe_checks
 from nemo_gym_adapter.config import SECTION, NemoGymConfig, parse_section, plain
 from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.recipe_checks import MASKED_GRPO
+from nemo_gym_adapter.recipe_sampling import SamplingSettings, read_sampling
 
 MANAGER_CLASS = "recipe.nemo_gym.agent_loop.NemoGymAgentLoopManager"  # legacy trainer (trainer.use_v1=False)
 MANAGER_CLASS_V1 = "recipe.nemo_gym.agent_loop_tq.NemoGymAgentLoopManagerTQ"  # v1 trainer (the default)
@@ -36,10 +37,8 @@ class RecipeConfig(BaseModel):
     prompt_length: int
     response_length: int
     max_model_len: int | None
-    temperature: float
-    top_p: float | None
-    val_temperature: float
-    val_top_p: float | None
+    sampling: SamplingSettings  # actor_rollout_ref.rollout's sampling keys (recipe_sampling), sent with every request
+    val_sampling: SamplingSettings  # the same for validation: rollout.val_kwargs
     n: int
     model_path: str
     rollout_data_dir: str | None = None  # verl's trainer.rollout_data_dir
@@ -58,6 +57,17 @@ class RecipeConfig(BaseModel):
         return Path(self.rollout_data_dir).expanduser() / "gym" if self.rollout_data_dir else None
 
     rollout_name: str = "vllm"  # verl's actor_rollout_ref.rollout.name: the engine (recipe_checks.ROLLOUT_ENGINES)
+
+    @property
+    def required_reward_components(self) -> tuple[str, ...]:
+        """Reward components the trainer reads per sample: GDPO's keys, and the group filter's metric when it names a
+        component (``gym_outcome`` is Gym's reward, always there). A valid result without one is masked
+        ``missing_reward_component`` (``nemo_gym_adapter.rollouts.reward_components``)."""
+        keys = list(self.gdpo_reward_keys) if self.adv_estimator == recipe_checks.GDPO else []
+        metric = self.filter_groups_metric
+        if metric and metric != recipe_checks.OUTCOME_METRIC and metric not in keys:
+            keys.append(metric)
+        return tuple(keys)
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -137,7 +147,7 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
     estimator = _select(cfg, "algorithm.adv_estimator", None)
     recipe_checks.check_estimator(estimator, problems)
     raw_gdpo_keys = plain(_select(cfg, "algorithm.gdpo_reward_keys", None))
-    gdpo_keys = recipe_checks.gdpo_reward_keys(raw_gdpo_keys, estimator, v1, problems)
+    gdpo_keys = recipe_checks.gdpo_reward_keys(raw_gdpo_keys, estimator, problems)
     if contiguity is not None:
         recipe_checks.check_split_estimator(contiguity, v1, estimator, problems)
     filter_metric = recipe_checks.filter_groups_metric(
@@ -172,17 +182,8 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         max_model_len,
         "must be null (the server's) or an integer >= 2",
     )
-    sampling = {}
-    for key, full in (
-        ("temperature", "actor_rollout_ref.rollout.temperature"),
-        ("top_p", "actor_rollout_ref.rollout.top_p"),
-        ("val_temperature", "actor_rollout_ref.rollout.val_kwargs.temperature"),
-        ("val_top_p", "actor_rollout_ref.rollout.val_kwargs.top_p"),
-    ):
-        value = _select(cfg, full, None)
-        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
-        need(full, ok and (value is not None or "top_p" in key), value, "must be a number >= 0")
-        sampling[key] = float(value) if ok and value is not None else (None if "top_p" in key else 1.0)
+    val_keys = plain(_select(cfg, "actor_rollout_ref.rollout.val_kwargs", None)) or {}
+    train_sampling, val_sampling = read_sampling(lambda key, default: _select(cfg, key, default), val_keys, problems)
     model_path = _select(cfg, "actor_rollout_ref.model.path", None, resolve=False)
     need("actor_rollout_ref.model.path", isinstance(model_path, str) and bool(model_path), model_path, "set a model")
     if check_files:
@@ -209,5 +210,6 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         gdpo_reward_keys=gdpo_keys,
         adv_estimator=str(estimator),
         rollout_name=str(name),
-        **sampling,
+        sampling=train_sampling,
+        val_sampling=val_sampling,
     )

@@ -75,20 +75,22 @@ def pytest_configure(config):
     _session_start[0] = time.monotonic()
 
 
+def _tier_of_markers(has) -> str:
+    """``slow`` (marked), else ``e2e``, ``integration`` or ``unit``; ``has(name)`` says whether a marker is set."""
+    return next((name for name in ("slow", "e2e", "integration") if has(name)), "unit")
+
+
 def tier(item) -> str:
-    """The tier a collected test belongs to: ``slow`` (marked), else ``e2e``, ``integration`` or ``unit``."""
-    for name in ("slow", "e2e", "integration"):
-        if item.get_closest_marker(name) is not None:
-            return name
-    return "unit"
+    """The tier a collected test belongs to."""
+    return _tier_of_markers(lambda name: item.get_closest_marker(name) is not None)
 
 
 def pytest_runtest_logreport(report):
-    """Add each test's set-up, call and teardown time (module fixtures included) to its tier's total."""
-    name = _tier_of.get(report.nodeid)
-    if name is not None:
-        _tier_seconds[name] += report.duration
-        _tier_tests[name] += report.when == "call"
+    """Add each test's set-up, call and teardown time (module fixtures included) to its tier's total. Under
+    pytest-xdist the controller collects nothing: the tier comes from the markers the worker's report carries."""
+    name = _tier_of.get(report.nodeid) or _tier_of_markers(lambda marker: marker in report.keywords)
+    _tier_seconds[name] += report.duration
+    _tier_tests[name] += report.when == "call"
 
 
 def pytest_terminal_summary(terminalreporter):

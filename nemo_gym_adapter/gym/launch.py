@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from nemo_gym_adapter import paths
+from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV
 from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.gym.ports import safe_port_range
 
@@ -259,11 +260,15 @@ def gym_env(
     env[API_KEY_ENV] = api_key.get_secret_value()
     if not ray_address:
         # Gym calls ray.init() without an address, which joins the cluster named in /tmp/ray/ray_current_cluster
-        # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one.
+        # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one, a
+        # one-machine Ray on loopback (access.listen) unless nemo_gym.env says otherwise.
         env["RAY_ADDRESS"] = "local"
+        env.update({k: v for k, v in LOCAL_ONLY_ENV.items() if k not in extra})
     elif ray_token is not None:
-        # our own head (ray_head.GymRayHead): its token, through the environment only
+        # our own head (ray_head.GymRayHead): its token, through the environment only; a one-machine Ray on
+        # loopback, which Gym's processes join as loopback nodes (ray_head.head_env)
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=ray_token.get_secret_value())
+        env.update({k: v for k, v in LOCAL_ONLY_ENV.items() if k not in extra})
     elif "RAY_AUTH_MODE" not in env and (Path.home() / ".ray" / "auth_token").exists():
         # `ray start` (Ray >= 2.5x) enables token auth and writes this token, but a process that only connects
         # stays in "disabled" mode and is refused; say "token" like the cluster (override via spec.env).

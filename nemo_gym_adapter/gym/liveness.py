@@ -107,12 +107,15 @@ class Liveness:
         gym: RestartableGym | None = None,
         probe: Probe | None = None,
         load: Load | None = None,
+        replica_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.topology = topology
         self.config = config or LivenessConfig()
         self.gym = gym
         self._http = (
-            HttpProbes(self.config.probe_timeout_s, self.config.busy_grace_s) if probe is None or load is None else None
+            HttpProbes(self.config.probe_timeout_s, self.config.busy_grace_s, replica_headers)
+            if probe is None or load is None
+            else None
         )
         self._probe = probe or self._http.probe  # type: ignore[union-attr]
         self._load = load or self._http.load  # type: ignore[union-attr]
@@ -120,8 +123,11 @@ class Liveness:
         self.last_dead: dict[str, str] = {}  # what the latest check found dead (replicas by "host:port")
 
     @classmethod
-    def for_gym(cls, gym: RestartableGym, config: LivenessConfig | None = None) -> Liveness:
-        return cls(_topology(gym), config, gym=gym)
+    def for_gym(
+        cls, gym: RestartableGym, config: LivenessConfig | None = None, replica_headers: Mapping[str, str] | None = None
+    ) -> Liveness:
+        """Probes of ``gym``'s servers and replicas; ``replica_headers``: the run's rollout key for the replicas."""
+        return cls(_topology(gym), config, gym=gym, replica_headers=replica_headers)
 
     async def check(self) -> dict[str, str]:
         """``{server: why}`` for every dead or sick server and replica (probed concurrently)."""

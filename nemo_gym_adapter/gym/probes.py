@@ -117,11 +117,17 @@ class HttpProbes:
     answers nothing while a batch is being scored, yet its kernel still accepts connections. A probe that gets no
     answer in ``timeout_s`` therefore connects once more: refused (the process is gone) is down at once; accepted is
     *busy* and counts as alive for ``busy_grace_s`` from its first unanswered probe (logged once), then as down (a
-    hung server looks the same from outside). ``busy_grace_s=0``: any timeout is down, as before."""
+    hung server looks the same from outside). ``busy_grace_s=0``: any timeout is down, as before.
 
-    def __init__(self, timeout_s: float, busy_grace_s: float = 0.0) -> None:
+    ``replica_headers``: sent to the vLLM replicas only (the run's rollout key, ``nemo_gym_adapter.access``: a
+    replica answers 401 without it); Gym's servers never get it."""
+
+    def __init__(
+        self, timeout_s: float, busy_grace_s: float = 0.0, replica_headers: Mapping[str, str] | None = None
+    ) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.busy_grace_s = busy_grace_s
+        self.replica_headers = dict(replica_headers or {})
         self._session: aiohttp.ClientSession | None = None
         self._silent_since: dict[str, float] = {}  # server -> first unanswered probe of its current silence
 
@@ -132,7 +138,8 @@ class HttpProbes:
 
     async def probe(self, server: Server) -> str | None:
         try:
-            async with self._get().get(server.url, allow_redirects=False) as r:
+            headers = self.replica_headers if server.kind == "replica" else None
+            async with self._get().get(server.url, allow_redirects=False, headers=headers) as r:
                 if self._silent_since.pop(server.name, None) is not None:
                     logger.info("%s answers again", server)
                 if server.kind == "replica" and r.status != 200:
@@ -183,7 +190,8 @@ class HttpProbes:
         total = 0.0
         for replica in replicas:
             try:
-                async with self._get().get(replica.url.removesuffix("/health") + "/metrics") as r:
+                url = replica.url.removesuffix("/health") + "/metrics"
+                async with self._get().get(url, headers=self.replica_headers) as r:
                     text = (await r.text()) if r.status == 200 else ""
             except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
                 return None

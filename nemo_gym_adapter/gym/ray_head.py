@@ -14,11 +14,13 @@ The head process:
 - no dashboard; free ports for the GCS, the Ray client server and the dashboard agent (Ray's fixed defaults
   6379/10001/52365 collide between two heads on one machine); its workers' ports ephemeral, never Ray's CLI band
   that Gym's servers would otherwise share (:mod:`~nemo_gym_adapter.gym.ports`);
+- a one-machine Ray: Gym's processes always run on the launcher's host and connect through 127.0.0.1, so the head
+  runs with Ray's ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (``access.listen``): node address 127.0.0.1 and every one
+  of its ports (GCS, raylet, workers, agents) on loopback -- ``--node-ip-address=127.0.0.1`` would not do it, Ray
+  rewrites it to the host's address and binds its gRPC ports on every interface -- unless ``nemo_gym.env`` sets it;
 - token auth with a token of its own, passed through the environment only (``RAY_AUTH_MODE=token``,
-  ``RAY_AUTH_TOKEN``; Gym gets it via ``GymLaunchSpec.ray_auth_token``). Gym's processes always run on the
-  launcher's host and connect through 127.0.0.1, but Ray 2.60 binds its gRPC ports on every interface whatever
-  ``--node-ip-address`` says (it even rewrites 127.0.0.1 to the host's address): the token is what keeps others
-  out, as the token Ray generates does for the cluster Gym starts itself;
+  ``RAY_AUTH_TOKEN``; Gym gets it via ``GymLaunchSpec.ray_auth_token``): loopback keeps other hosts out, the token
+  other users of this host;
 - the environment Gym's own processes get (``launch.gym_process_env``): the Ray workers Gym's servers start
   are the head's children and inherit it;
 - is a ``procs.SessionProcess``: :meth:`GymRayHead.stop` stops the tree, then sweeps its session (Ray's agents are
@@ -48,6 +50,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from nemo_gym_adapter import paths
+from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym.launch import gym_package_root, gym_process_env
@@ -103,6 +106,7 @@ def head_env(
     env = gym_process_env(gym_venv, dict(extra), base)
     env.pop("RAY_AUTH_TOKEN_PATH", None)  # the token below is the only one
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    env.update({k: v for k, v in LOCAL_ONLY_ENV.items() if k not in extra})  # loopback only (module docstring)
     # Ray prestarts one Python worker per CPU when the first driver connects -- Gym's launcher, at the start of Gym's
     # spin-up, where those imports compete for the CPUs; Gym's servers only connect at start-up, so workers start
     # when a Gym server first submits Ray work instead (``nemo_gym.env`` can set it back to 1).
@@ -168,7 +172,7 @@ class GymRayHead:
 
     @property
     def address(self) -> str:
-        """``127.0.0.1:<port>``: Gym's processes run on this host (Ray also listens on the host's address)."""
+        """``127.0.0.1:<port>``: Gym's processes run on this host, and the head listens on loopback only."""
         return f"127.0.0.1:{self.port}"
 
     @property

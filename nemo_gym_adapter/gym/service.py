@@ -10,6 +10,10 @@ address through which the ``--reachable-from`` hosts reach this one (``addresses
 overrides), prints one JSON line ``{"head_url": ..., "host": ..., "reason": ...}`` once every server is ready, and
 runs until SIGTERM/SIGINT, then stops Gym's whole process tree. The ``--policy-base-url`` values must be the
 trainer's vLLM replicas (its log prints them while it waits to attach); a trainer refuses a Gym that calls others.
+
+The replicas answer only requests carrying the run's rollout key (``nemo_gym_adapter.access``): give this process
+the key the trainer uses in ``NGV_ROLLOUT_API_KEY`` (the same variable on the trainer's driver chooses it there);
+Gym's model server gets it through its environment, never a file or argv.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import signal
 import sys
 import threading
 
+from nemo_gym_adapter.access.key import from_env
 from nemo_gym_adapter.gym.addresses import choose_gym_host, route_source_address
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym.servers import GymServers
@@ -52,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     config_paths = list(args.config_path)
     if not args.no_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
         config_paths.append(TRAINING_MODEL_CONFIG)
-    optional = {"head_port": args.head_port, "run_dir": args.run_dir}
+    key = from_env()
+    if key is None:
+        logging.getLogger(__name__).warning(
+            "NGV_ROLLOUT_API_KEY is not set: Gym sends no key, and replicas that require the run's key refuse it"
+        )
+    optional = {"head_port": args.head_port, "run_dir": args.run_dir, "policy_api_key": key.value if key else None}
     spec = GymLaunchSpec.parse(
         {
             "config_paths": config_paths,

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from pydantic import SecretStr
 
 from nemo_gym_adapter import paths
+from nemo_gym_adapter.access.key import policy_key
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym import warm_boot
@@ -309,7 +310,7 @@ def _start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher
     gym_venv = Path(gym.gym_venv) if gym.gym_venv else paths.gym_venv()
     token: SecretStr | None
     address, token = (head.address, head.auth_token) if head else (gym.external_ray_head, None)
-    env = gym_env(gym_venv, dict(gym.env), gym.policy_api_key, address, token)
+    env = gym_env(gym_venv, dict(gym.env), policy_key(gym), address, token)
     run_dir = Path(gym.run_dir) if gym.run_dir else None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)

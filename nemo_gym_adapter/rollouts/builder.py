@@ -23,7 +23,9 @@ ids; model calls with ids but not one finite log-prob per generated token (``mis
 invented values); no model call; non-contiguous history (``contiguity="mask"``; ``"truncate"`` keeps the contiguous
 prefix of calls and flags ``truncated``, ``"raise"`` raises :class:`TokenAlignmentError`; ``"split"`` masks it here
 too, and :mod:`nemo_gym_adapter.rollouts.segments` makes it one trajectory per prefix-consistent segment); prompt
-longer than ``prompt_length`` or leaving no response budget; no sampled token. Rows without a usable result (client
+longer than ``prompt_length`` or leaving no response budget; no sampled token; otherwise trainable tokens whose result
+lacks a reward component the trainer reads (``required_components``: ``missing_reward_component``, checked last so
+that a token problem keeps its own reason). Rows without a usable result (client
 failures -- timeout, request failed, unroutable, server down, aborted, an environment's own 5xx -- and unparseable
 results) are masked by :mod:`nemo_gym_adapter.rollouts.outcome`.
 
@@ -43,8 +45,9 @@ import numpy as np
 from nemo_gym_adapter.errors import TokenAlignmentError
 from nemo_gym_adapter.rollouts.forced import forced_tokens
 from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
+from nemo_gym_adapter.rollouts.reward_components import missing as missing_components
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory, TrajectoryConfig
-from nemo_gym_adapter.wire import GymRunResult
+from nemo_gym_adapter.wire import GymRunResult, reward_components
 
 # Gym 0.7 failure kinds that mean "the verifier could not score this rollout" (nemo_gym/failure_kinds.py).
 VERIFIER_FAILURE_KINDS = frozenset({"verifier_error", "judge_failed", "judge_unparseable"})
@@ -222,6 +225,15 @@ def build_trajectory(
     sampled_logprobs = _frozen_concat([c.generation_log_probs for c in kept], np.float32, n_sampled)
     if not np.isfinite(sampled_logprobs).all():
         return masked(MaskReason.MISSING_LOG_PROBS, f"{where}: a generation log-prob is not finite (NaN or inf)")
+
+    absent = missing_components(common["numeric"], config.required_components)
+    if absent:
+        carried = sorted(reward_components(common["numeric"]))
+        return masked(
+            MaskReason.MISSING_REWARD_COMPONENT,
+            f"{where}: the result has no reward component {absent} that the trainer reads (it carries {carried}); "
+            "never borrowed from another sample nor read as 0",
+        )
 
     last = kept[-1]
     response_parts = (

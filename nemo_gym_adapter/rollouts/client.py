@@ -49,7 +49,9 @@ from nemo_gym_adapter.rollouts.records import (
     RolloutFailure,
     RolloutOutcome,
 )
+from nemo_gym_adapter.rollouts.sampling import request_params
 from nemo_gym_adapter.rollouts.transport import (
+    Resends,
     RolloutClientConfig,
     dumps,
     is_infra,
@@ -84,14 +86,12 @@ def apply_overrides(row: Mapping[str, Any], agent: str, overrides: Mapping[str, 
     """The request body for one row: a copy with ``agent_ref`` stamped and ``responses_create_params`` overridden.
 
     The input row is never mutated (verl reuses its rows; the older recipe's in-place edits leaked between
-    steps). ``None`` override values are skipped, so a trainer can pass ``top_p=None`` to mean "row's own".
+    steps). ``None`` override values are skipped, so a trainer can pass ``top_p=None`` to mean "row's own";
+    ``max_output_tokens`` caps the row's own and engine fields join its ``metadata.extra_body``
+    (:func:`~nemo_gym_adapter.rollouts.sampling.request_params`).
     """
     body = dict(row)
-    params = dict(row.get("responses_create_params") or {})
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            params[key] = value
-    body["responses_create_params"] = params
+    body["responses_create_params"] = request_params(row.get("responses_create_params"), overrides)
     # Gym's collector stamps the resolved agent too, so results carry it whatever the row routed by.
     body["agent_ref"] = {"name": agent}
     return body
@@ -109,6 +109,12 @@ class RolloutClient:
         self.routes = routes
         self.config = config or RolloutClientConfig()
         self._session: aiohttp.ClientSession | None = None
+        self._resends = Resends()  # counted by transport.post_with_retries
+
+    @property
+    def resends(self) -> int:
+        """Sends after a connection error since the client was made (rows sent again; ``core.resend_metrics``)."""
+        return self._resends.count
 
     @classmethod
     async def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> RolloutClient:
@@ -209,7 +215,9 @@ class RolloutClient:
             t0 = time.monotonic()
             try:
                 on_error = guard.suspect if guard is not None else None
-                work = post_with_retries(session, route, index, payload, attempts, self.config, on_error, rollout_ids)
+                work = post_with_retries(
+                    session, route, index, payload, attempts, self.config, on_error, rollout_ids, self._resends
+                )
                 result = await within(guard.run(agent, work) if guard is not None else work, self.config.timeout_s)
                 if isinstance(result, str):
                     result = RolloutFailure(SERVER_DOWN, f"row {index} ({route.server}) cut: {result}")

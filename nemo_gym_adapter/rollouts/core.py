@@ -9,6 +9,7 @@ JSONL. One step::
     step.rows            # RowResult per input row, in input order: index, env, outcome, trajectory
     step.trajectories    # the same trajectories, in input order
     step.metrics         # metrics.compute_metrics(...) + "<prefix>/timing/{rollout_s,rollouts_per_s}"
+                         #   + "<prefix>/client/{resends,resends_total}" (rows sent again after connection errors)
 
 Rows are sent to Gym unmodified (``client.apply_overrides`` copies them), except that a row without routing
 (neither ``agent_ref`` nor ``task_source``: Gym's bundled examples, routed by a default agent) is sent with
@@ -190,6 +191,7 @@ class RolloutCore:
         )
         timings = {"rollout_s": rollout_s, "rollouts_per_s": len(rows) / rollout_s if rollout_s > 0 else 0.0}
         metrics.update({f"{self.metrics_prefix}/timing/{k}": v for k, v in timings.items()})
+        metrics.update(resend_metrics([row.outcome for row in done_rows], self.client.resends, self.metrics_prefix))
         if self.liveness is not None:
             metrics[f"{self.metrics_prefix}/liveness/restarts"] = float(self.liveness.restarts)
         return StepResult(rows=done_rows, metrics=metrics, timings=timings)
@@ -301,6 +303,17 @@ def gc_row_done() -> None:
         full = due and _GcPause.youngs % GC_FULL_EVERY == 0
     if due:
         gc.collect(2 if full else 0)
+
+
+def resends(outcomes: Sequence[RolloutOutcome]) -> int:
+    """How many times the client sent these rows again after a connection error (``RolloutOutcome.attempts``)."""
+    return sum(max(0, outcome.attempts - 1) for outcome in outcomes)
+
+
+def resend_metrics(outcomes: Sequence[RolloutOutcome], total: int, prefix: str = "gym") -> dict[str, float]:
+    """``<prefix>/client/resends`` (these rows' re-sends after connection errors, :func:`resends`) and
+    ``<prefix>/client/resends_total`` (``total``: the client's since it was made). Both trainers log them."""
+    return {f"{prefix}/client/resends": float(resends(outcomes)), f"{prefix}/client/resends_total": float(total)}
 
 
 def _routed(row: Mapping[str, Any], env: str) -> Mapping[str, Any]:

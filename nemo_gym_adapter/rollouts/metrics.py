@@ -25,7 +25,10 @@ Per environment only (each environment's verifier has its own fields), means ove
 the field: ``reward_components/<name>`` for each component of Gym's multi-reward results, ``result/<key>`` for every
 other numeric field of Gym's result (``Trajectory.numeric``; NeMo RL logs them all as ``{agent}/{key}``). Bounded:
 at most :data:`MAX_RESULT_KEYS` per environment (components first, then by name); when more exist,
-``result_keys_dropped`` counts the rest.
+``result_keys_dropped`` counts the rest. In an environment whose results carry reward components, over its results
+masked or not: ``reward_components_sum_mismatch_rate`` (reward not the sum of the components) and
+``reward_components_incomplete_rate`` (a component another result carries is missing;
+:mod:`~nemo_gym_adapter.rollouts.reward_components`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nemo_gym_adapter.rollouts.reward_components import component_metrics
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
 
 ALL_SCOPE = "all"
@@ -126,6 +130,8 @@ def compute_metrics(
     for env in sorted(by_env):
         rollouts = [_one_rollout(t) if isinstance(t, tuple) else t for t in by_env[env]]  # a split one counts once
         for name, value in result_field_metrics(rollouts).items():
+            metrics[f"{prefix}/{env}/{name}"] = value
+        for name, value in component_metrics(rollouts).items():
             metrics[f"{prefix}/{env}/{name}"] = value
     return metrics
 

@@ -63,6 +63,9 @@ class MaskReason(str, enum.Enum):
     NON_CONTIGUOUS = "non_contiguous"  # a prompt does not extend the previous prompt + generation
     PROMPT_TOO_LONG = "prompt_too_long"  # prompt > prompt_length, or no response budget left under max_model_len
     EMPTY_GENERATION = "empty_generation"  # no sampled token to train on
+    # A valid result lacks a reward component the trainer reads (a GDPO key, the group filter's metric): never
+    # borrowed from a group-mate nor read as 0 (rollouts.reward_components).
+    MISSING_REWARD_COMPONENT = "missing_reward_component"
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class TrajectoryConfig:
     # Sampled tokens whose rollout log-prob is >= this are left out of the loss (rollouts.forced): tokens constrained
     # decoding forced. None: every sampled token is trained.
     forced_token_min_logprob: float | None = None
+    # Reward components the trainer reads (GDPO's keys, a component used as the group filter's metric): a result
+    # without one is masked missing_reward_component, never given a group-mate's value or 0 (rollouts.reward_components).
+    required_components: tuple[str, ...] = ()
     # The model's vocabulary (its embedding rows, the HF config's vocab_size): a token id outside [0, vocab_size) in a
     # Gym result masks the row invalid_result (rollouts.builder). None: only negative ids are refused.
     vocab_size: int | None = None

@@ -75,6 +75,14 @@ class RolloutClientConfig:
         return int(self.max_body_mb * MIB)
 
 
+@dataclass
+class Resends:
+    """Sends after a connection error (a row sent again), counted where they happen (:func:`post_with_retries`);
+    one per client, so a run's total is visible (``<prefix>/client/resends_total``, ``core.resend_metrics``)."""
+
+    count: int = 0
+
+
 def dumps(obj: Any) -> bytes:
     # orjson rejects what json accepts in a few corners (non-str keys, ints > 64 bit): fall back rather than fail.
     if orjson is not None:
@@ -148,20 +156,24 @@ async def post_with_retries(
     config: RolloutClientConfig,
     on_connection_error: Callable[[], None] | None = None,
     rollout_ids: list[str] | None = None,
+    resends: Resends | None = None,
 ) -> dict[str, Any] | RolloutFailure:
     """The one retry point: resend on connection errors only, at most ``max_connection_retries`` times.
 
     ``attempts[0]`` counts the sends (a list, so the caller still knows it when a deadline cancels this);
     ``on_connection_error`` is told of each connection error (the liveness guard then probes at once);
     ``rollout_ids``: the ``_ng_rollout_id`` in ``payload``; each resend gets a new one, appended (the first send may
-    have reached Gym and begun capturing under its id). A body over ``max_body_mb`` is a ``too_large`` failure, never
-    resent (the server answered; it would answer the same).
+    have reached Gym and begun capturing under its id); ``resends`` counts every send after the first (so it equals
+    ``attempts[0] - 1`` summed over rows). A body over ``max_body_mb`` is a ``too_large`` failure, never resent (the
+    server answered; it would answer the same).
     """
     cap = config.max_connection_retries
     limit = config.max_body_bytes
     declared: int | None = None
     while True:
         attempts[0] += 1
+        if attempts[0] > 1 and resends is not None:
+            resends.count += 1
         try:
             async with session.post(route.run_url, data=payload) as response:
                 status = response.status

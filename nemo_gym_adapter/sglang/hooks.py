@@ -37,7 +37,7 @@ from typing import Any
 from nemo_gym_adapter.errors import TokenAlignmentError
 from nemo_gym_adapter.sglang.request_ids import CURRENT, SENTINEL, RequestIds
 from nemo_gym_adapter.tokens.anchor import REQUIRED_PREFIX_KEY, SPLICE_ERROR, splice_request
-from nemo_gym_adapter.tokens.budget import clamp_output_budget
+from nemo_gym_adapter.tokens.budget import check_budget, clamp_output_budget
 from nemo_gym_adapter.tokens.prefix_reuse import prefix_render_by_segments, stop_texts_for
 from nemo_gym_adapter.tokens.same_text import SameText
 from nemo_gym_adapter.tokens.stops import Stops
@@ -192,6 +192,7 @@ def _clamp(serving: Any, request: Any, prompt_len: int) -> None:
     a 400, when nothing fits). SGLang reads ``max_completion_tokens or max_tokens``: the one set is clamped."""
     name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) is not None else "max_tokens"
     requested = getattr(request, name, None)
+    check_budget(requested, name)  # BudgetOutOfRange: a ValueError, SGLang's 400
     budget = clamp_output_budget(prompt_len, context_limit(serving.tokenizer_manager), requested)
     if requested is not None:
         setattr(request, name, budget)

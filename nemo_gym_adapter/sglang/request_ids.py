@@ -57,9 +57,12 @@ class RequestIds:
 CURRENT: contextvars.ContextVar[RequestIds | None] = contextvars.ContextVar("ngv_sglang_request_ids", default=None)
 
 
-def read_request_ids(body: Mapping[str, Any], *, parsed_messages: int, generates: bool = True) -> RequestIds:
+def read_request_ids(
+    body: Mapping[str, Any], *, parsed_messages: int, generates: bool = True, vocab_size: int | None = None
+) -> RequestIds:
     """The token-ID fields of a raw chat (or tokenize) request ``body``; ``parsed_messages``: how many messages
-    SGLang's request model holds. Never raises: an alignment problem is kept in ``error`` for the render."""
+    SGLang's request model holds; ``vocab_size``: :func:`vocab_size` of the server, every id is checked against it
+    (``splice.check_token_ids``). Never raises: an alignment problem is kept in ``error`` for the render."""
     messages = body.get("messages")
     ids = RequestIds(
         messages=list(messages) if isinstance(messages, list) else [],
@@ -68,7 +71,7 @@ def read_request_ids(body: Mapping[str, Any], *, parsed_messages: int, generates
         generates=generates,
     )
     try:
-        ids.anchor = find_anchor(ids.messages, required_prefix(body.get(REQUIRED_PREFIX_KEY)))
+        ids.anchor = find_anchor(ids.messages, required_prefix(body.get(REQUIRED_PREFIX_KEY), vocab_size), vocab_size)
         if ids.anchor is not None and len(ids.messages) != parsed_messages:
             raise TokenAlignmentError(
                 f"the request body holds {len(ids.messages)} messages but SGLang parsed {parsed_messages}: the token "
@@ -77,6 +80,24 @@ def read_request_ids(body: Mapping[str, Any], *, parsed_messages: int, generates
     except TokenAlignmentError as e:
         ids.anchor, ids.error = None, f"{SPLICE_ERROR}: {e}"
     return ids
+
+
+def vocab_size(serving: Any) -> int | None:
+    """How many token ids the server takes: the larger of its tokenizer's size and the model's vocabulary (SGLang
+    refuses ids from ``model_config.vocab_size`` on, ``tokenizer_manager._validate_input_ids_in_vocab``); None
+    without a tokenizer manager."""
+    manager = getattr(serving, "tokenizer_manager", None)
+    sizes = []
+    tokenizer = getattr(manager, "tokenizer", None)
+    if tokenizer is not None:
+        try:
+            sizes.append(len(tokenizer))
+        except TypeError:  # a tokenizer without a length: the model's vocabulary alone
+            pass
+    model = getattr(getattr(manager, "model_config", None), "vocab_size", None)
+    if isinstance(model, int):
+        sizes.append(model)
+    return max(sizes) if sizes else None
 
 
 def _loads(raw: bytes) -> Any:
@@ -103,7 +124,9 @@ def make_request_wrapper(original: Any) -> Any:
                 body = None
             if isinstance(body, dict):
                 parsed = len(getattr(request, "messages", None) or [])
-                ids = read_request_ids(body, parsed_messages=parsed, generates=path.endswith(CHAT_PATH))
+                ids = read_request_ids(
+                    body, parsed_messages=parsed, generates=path.endswith(CHAT_PATH), vocab_size=vocab_size(self)
+                )
         token = CURRENT.set(ids)
         try:
             return await original(self, request, raw_request)

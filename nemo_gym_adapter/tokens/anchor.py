@@ -28,7 +28,7 @@ from nemo_gym_adapter.errors import TokenAlignmentError
 from nemo_gym_adapter.tokens.required_prefix import KEY as REQUIRED_PREFIX_KEY  # Gym's prefix supply, NeMo RL's field
 from nemo_gym_adapter.tokens.required_prefix import splice_required_prefix
 from nemo_gym_adapter.tokens.same_text import SameText
-from nemo_gym_adapter.tokens.splice import last_tokenized_assistant, splice_prompt, turn_history
+from nemo_gym_adapter.tokens.splice import check_token_ids, last_tokenized_assistant, splice_prompt, turn_history
 from nemo_gym_adapter.tokens.stops import Stops
 from nemo_gym_adapter.tokens.turn_template import TurnTemplate
 
@@ -51,23 +51,27 @@ class Anchor:
         return self.index >= 0
 
 
-def required_prefix(value: Any) -> list[int] | None:
-    """A request's ``required_prefix_token_ids`` value, checked: None (absent or empty) or a list of token ids.
+def required_prefix(value: Any, vocab_size: int | None = None) -> list[int] | None:
+    """A request's ``required_prefix_token_ids`` value, checked: None (absent or empty) or a list of token ids in the
+    engine's vocabulary ``[0, vocab_size)``.
 
-    Raises ``TokenAlignmentError`` for anything but a list of non-negative ints."""
+    Raises ``TokenAlignmentError`` naming the element for anything else (``splice.check_token_ids``: booleans,
+    floats, strings, negative or out-of-vocabulary ids)."""
     if value is None or (isinstance(value, list) and not value):
         return None
-    if not isinstance(value, list) or any(type(t) is not int or t < 0 for t in value):
-        raise TokenAlignmentError(f"{REQUIRED_PREFIX_KEY} must be a list of non-negative int token ids")
+    if not isinstance(value, list):
+        raise TokenAlignmentError(f"{REQUIRED_PREFIX_KEY} must be a list of token ids, got {type(value).__name__}")
+    check_token_ids(value, REQUIRED_PREFIX_KEY, vocab_size)
     return value
 
 
-def find_anchor(messages: Sequence[Any], required: list[int] | None) -> Anchor | None:
+def find_anchor(messages: Sequence[Any], required: list[int] | None, vocab_size: int | None = None) -> Anchor | None:
     """The splice anchor of a request (``messages``: dicts; ``required``: from :func:`required_prefix`), or None to
     leave the request to the stock engine (no assistant message carries ids and no required prefix is given).
 
-    Raises ``TokenAlignmentError`` for malformed ids (naming the message)."""
-    found = last_tokenized_assistant(messages)
+    Raises ``TokenAlignmentError`` for malformed ids, naming the message, field and element; ``vocab_size``: the
+    engine's vocabulary, every id of the model prefix must be in it."""
+    found = last_tokenized_assistant(messages, vocab_size)
     if found is not None:
         return Anchor(found[0], found[1], required)
     if required is None:

@@ -14,6 +14,24 @@ from nemo_gym_adapter.errors import AdapterError
 
 # OpenAI's two names for the output budget, in the order vLLM and SGLang read them (the first one set wins).
 BUDGET_FIELDS = ("max_completion_tokens", "max_tokens")
+# The largest budget that is a token count at all: the engines count tokens in 32-bit ints. A larger one (2**63, a
+# client's bug or a probe) is refused; any budget up to it that the context cannot hold is clamped (issue 19).
+MAX_OUTPUT_TOKENS = 2**31 - 1
+
+
+class BudgetOutOfRange(AdapterError, ValueError):
+    """An output budget that is no token count (above :data:`MAX_OUTPUT_TOKENS`). A ``ValueError``: both engines
+    answer 400."""
+
+
+def check_budget(requested: int | None, field: str) -> None:
+    """Raise :class:`BudgetOutOfRange` naming ``field`` for a budget above :data:`MAX_OUTPUT_TOKENS`; smaller ones
+    (and None) pass, to be clamped to the context by :func:`clamp_output_budget`."""
+    if requested is not None and requested > MAX_OUTPUT_TOKENS:
+        raise BudgetOutOfRange(
+            f"{field}={requested} is not a token count (at most {MAX_OUTPUT_TOKENS}); a budget larger than the room "
+            "the context leaves is served clamped to it, so send the most you want, or omit it"
+        )
 
 
 class ContextLengthExceeded(AdapterError, ValueError):

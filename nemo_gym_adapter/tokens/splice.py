@@ -52,7 +52,6 @@ retokenization of the same text (kept) from an edit (refused).
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,14 +75,17 @@ _WINDOW = 6
 _ID_KEYS = frozenset({PROMPT_IDS_KEY, GENERATION_IDS_KEY, "generation_log_probs"})
 
 
-def last_tokenized_assistant(messages: Sequence[Mapping[str, Any]]) -> tuple[int, list[int]] | None:
+def last_tokenized_assistant(
+    messages: Sequence[Mapping[str, Any]], vocab_size: int | None = None
+) -> tuple[int, list[int]] | None:
     """Index of the last assistant message carrying token ids, and its model prefix.
 
     ``messages``: chat-completions messages as vLLM receives them (dicts). The model prefix is a new list
     ``prompt_token_ids + generation_token_ids`` (length P + G): exactly what the model saw and produced. Returns None
     when no assistant message carries ids (first turn, or a client that sends none: the caller skips the splice).
-    A key holding None counts as absent. Raises ``TokenAlignmentError`` naming the message index and key when only
-    one of the two keys is present or a value is not a list of non-negative ints.
+    A key holding None counts as absent. Raises ``TokenAlignmentError`` naming the message index, key and element
+    when only one of the two keys is present or a value is not a list of int ids in ``[0, vocab_size)``
+    (:func:`check_token_ids`; the engine's vocabulary, given by the hooks).
     """
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
@@ -94,7 +96,7 @@ def last_tokenized_assistant(messages: Sequence[Mapping[str, Any]]) -> tuple[int
         if prompt is None and generation is None:
             continue
         for key, value in ((PROMPT_IDS_KEY, prompt), (GENERATION_IDS_KEY, generation)):
-            _check_ids(value, f"messages[{index}].{key}")
+            _check_ids(value, f"messages[{index}].{key}", vocab_size)
         if not prompt:
             raise TokenAlignmentError(f"messages[{index}].{PROMPT_IDS_KEY} is empty: a prompt has at least one token")
         return index, [*prompt, *generation]  # type: ignore[misc]  # _check_ids rejected a None generation
@@ -270,20 +272,41 @@ def splice_prompt(
 # helpers
 
 
-def _check_ids(value: object, where: str) -> None:
-    """Raise unless ``value`` is a list (or tuple) of non-negative ints.
+# The largest id any engine's embedding table could take (int64); the bound when the vocabulary is not known.
+_MAX_ID = 2**63
+_SHOWN_CHARS = 40  # of a bad id's repr in an error (a 10 MB string is not echoed back)
 
-    One C-level pass on the hot path: ``array("Q", ...)`` rejects non-ints (TypeError) and negative or huge values
-    (OverflowError). JSON has no bools inside int arrays, so accepting bool (an int subclass) costs nothing real.
-    The slow per-element scan runs only to name the bad element.
+
+def check_token_ids(value: object, where: str, vocab_size: int | None = None) -> None:
+    """Raise ``TokenAlignmentError`` naming ``where[i]`` unless ``value`` is a list (or tuple) of int token ids in
+    ``[0, vocab_size)`` (``[0, 2**63)`` when the vocabulary is not known).
+
+    Once per request, on every route that carries ids (chat, ``/tokenize``, the required prefix), so a refusal is the
+    same 400 wherever the ids come in, before the engine sees them. JSON booleans are refused: ``true`` is an ``int``
+    subclass in Python and would become token 1. Three C-level passes (element types, min, max); the per-element scan
+    runs only to name the bad element.
     """
     if not isinstance(value, (list, tuple)):
         raise TokenAlignmentError(f"{where} must be a list of token ids, got {type(value).__name__}")
-    try:
-        array("Q", value)
-    except (TypeError, OverflowError):
-        bad = next(i for i, t in enumerate(value) if not (isinstance(t, int) and 0 <= t < 2**64))
-        raise TokenAlignmentError(f"{where}[{bad}] must be a non-negative int token id, got {value[bad]!r}") from None
+    if not value:
+        return
+    if set(map(type, value)) != {int}:
+        bad = next(i for i, t in enumerate(value) if type(t) is not int)
+        shown = repr(value[bad])[:_SHOWN_CHARS]
+        raise TokenAlignmentError(
+            f"{where}[{bad}] must be a non-negative int token id, got {shown} ({type(value[bad]).__name__})"
+        )
+    limit = _MAX_ID if vocab_size is None else vocab_size
+    if min(value) < 0 or max(value) >= limit:  # every element is an int (checked above)
+        bad = next(i for i, t in enumerate(value) if not 0 <= t < limit)
+        if value[bad] < 0 or vocab_size is None:
+            raise TokenAlignmentError(f"{where}[{bad}] must be a non-negative int token id, got {value[bad]}")
+        raise TokenAlignmentError(
+            f"{where}[{bad}] = {value[bad]} is out of vocabulary: the model's token ids are 0..{vocab_size - 1}"
+        )
+
+
+_check_ids = check_token_ids  # the name the splice's own callers use
 
 
 def _as_list(ids: Sequence[int]) -> list[int]:

@@ -119,22 +119,39 @@ def hook_target_for(version: str) -> HookTarget:
     )
 
 
-def _required_prefix(request: Any) -> list[int] | None:
+def _required_prefix(request: Any, vocab_size: int | None = None) -> list[int] | None:
     value = (getattr(request, "model_extra", None) or {}).get(REQUIRED_PREFIX_KEY)
     if value is None:
         value = getattr(request, REQUIRED_PREFIX_KEY, None)  # a future vLLM may make it a real field
-    return required_prefix(value)
+    return required_prefix(value, vocab_size)
 
 
-def find_anchor(request: Any, messages: Sequence[Any]) -> _Anchor | None:
+def vocab_size(serving: Any) -> int | None:
+    """How many token ids the engine takes, as vLLM's own input check counts them (``v1/engine/input_processor.py``:
+    an id above ``max(tokenizer.max_token_id, model vocab size - 1)`` is out of vocabulary), so the splice refuses
+    exactly what chat would, on ``/tokenize`` too; None when the server has no tokenizer."""
+    tokenizer = getattr(getattr(serving, "renderer", None), "tokenizer", None)
+    if tokenizer is None:
+        return None
+    top = getattr(tokenizer, "max_token_id", None)
+    top = int(top) if isinstance(top, int) else len(tokenizer) - 1
+    try:
+        model = int(serving.model_config.get_vocab_size())
+    except Exception:  # no model config (a renderer alone): the tokenizer's own bound
+        model = 0
+    return max(top + 1, model)
+
+
+def find_anchor(request: Any, messages: Sequence[Any], vocab: int | None = None) -> _Anchor | None:
     """The splice anchor of a request (:func:`nemo_gym_adapter.tokens.anchor.find_anchor`: the last assistant message
     with ids, else Gym's required prefix at the last assistant message, or at -1 when there is none), or None to
     leave the request to stock vLLM: also when vLLM's disaggregated-serving reuse (``kv_transfer_params.
-    prompt_token_ids``) already fixes the prompt ids."""
+    prompt_token_ids``) already fixes the prompt ids. ``vocab``: :func:`vocab_size`; every id is checked against it
+    here, once (``splice.check_token_ids``), naming the message, field and element of a bad one."""
     kv = getattr(request, "kv_transfer_params", None)
     if isinstance(kv, dict) and kv.get("prompt_token_ids"):
         return None
-    return _find_anchor(messages, _required_prefix(request))
+    return _find_anchor(messages, _required_prefix(request, vocab), vocab)
 
 
 def make_wrapper(original: Any) -> Any:
@@ -157,10 +174,11 @@ def make_wrapper(original: Any) -> Any:
         render_args = (default_template, default_template_content_format, default_template_kwargs, tool_dicts)
         check_logprobs_request(request)
         try:
-            anchor = find_anchor(request, messages)
+            anchor = find_anchor(request, messages, vocab_size(self))
         except TokenAlignmentError as e:
             raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
         budget = OutputBudget(request)
+        budget.check()
         if anchor is None and budget.requested is None:  # nothing to splice or clamp (/tokenize): stock vLLM
             return await original(self, request, messages, *render_args, parser, skip_mm_cache=skip_mm_cache)
 
@@ -217,7 +235,7 @@ def make_harmony_guard(original: Any) -> Any:
     async def render_chat(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "use_harmony", False):
             try:
-                anchor = find_anchor(request, getattr(request, "messages", None) or [])
+                anchor = find_anchor(request, getattr(request, "messages", None) or [], vocab_size(self))
             except TokenAlignmentError as e:
                 raise bad_request(f"nemo-gym-verl token splice: {e}", "messages") from e
             if anchor is not None:

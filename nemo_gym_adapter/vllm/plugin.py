@@ -1,7 +1,8 @@
 """vLLM general plugin (entry point ``vllm.general_plugins``: ``nemo_gym_verl_console``): run by vLLM in each of its
 processes (API server, engine core, workers) wherever this package is installed.
 
-It does two things, nothing else (``VLLM_PLUGINS``, vLLM's own allow-list, can leave it out):
+It does three things, each idempotent (vLLM may call a plugin several times per process); ``VLLM_PLUGINS``, vLLM's
+own allow-list, can leave it out:
 
 - repeated notices appear once per process (:func:`nemo_gym_adapter.console.once`): vLLM 0.25+ reloads weights layer
   by layer after every weight sync and warns ``RotaryEmbedding: Failed to load weights`` each time -- the rotary cache
@@ -10,6 +11,11 @@ It does two things, nothing else (``VLLM_PLUGINS``, vLLM's own allow-list, can l
 - the tool parser ``ngv_json`` (:mod:`nemo_gym_adapter.vllm.tool_parser`) is registered lazily (imported only when a
   server is started with ``--tool-call-parser ngv_json``). verl's rollout replicas never import a
   ``--tool-parser-plugin`` file (they build vLLM's app without vLLM's launcher), so this is how they get it.
+- inside a Ray worker whose job published a rollout key (a training run's rollout server: verl builds the engine
+  arguments, which load the plugins, before it builds and serves the OpenAI app), the access guard with that key
+  (:mod:`nemo_gym_adapter.access.guard`), so the server never answers a request without it -- not even between its
+  start and the moment the manager reaches it through Ray (left out: the manager installs it through Ray then).
+  Elsewhere (no Ray, no key published) nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import logging
 import sys
 
 from nemo_gym_adapter.console import once
+
+logger = logging.getLogger(__name__)
 
 # Loggers whose messages repeat every step (vLLM names loggers after their modules).
 REPEATING_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise",)
@@ -48,3 +56,23 @@ def install() -> None:
     for name in REPEATING_LOGGERS:
         once(name)
     register_tool_parsers()
+    guard_from_run_key()
+
+
+def guard_from_run_key() -> bool:
+    """The access guard with this Ray job's rollout key, when one is published (:func:`access.key.fetch`); True when
+    installed. A failure to read the key is logged and leaves the server to the manager's install through Ray."""
+    from nemo_gym_adapter.access.guard import install_guard
+    from nemo_gym_adapter.access.key import fetch
+
+    try:
+        key = fetch()
+    except Exception as e:  # never stop vLLM from starting: the manager installs it through Ray and checks it
+        logger.warning(
+            "nemo-gym-verl: could not read the run's rollout key from Ray (%s); guard left to the manager", e
+        )
+        return False
+    if key is None:
+        return False
+    install_guard([key.value.get_secret_value()])
+    return True

@@ -11,7 +11,8 @@ Two request checks of the token-ID patch, separate from the splice (:mod:`nemo_g
   (``preprocess_completion``, :func:`make_completion_wrapper`; the same class as the chat hook in vLLM 0.20-0.24 and
   0.25+). A request without a budget (``/tokenize``, chat without ``max_tokens``) goes to vLLM untouched. A prompt
   that leaves no room at all is vLLM's context-length 400 ("This model's maximum context length is N tokens...",
-  which Gym maps to ``incomplete_details``), worded with the budget the client asked for.
+  which Gym maps to ``incomplete_details``), worded with the budget the client asked for. A budget that is no token
+  count at all (above 2**31 - 1, e.g. 2**63) is a 400 naming the field (``tokens.budget.check_budget``).
 - **Log-probs are never silently dropped** (issue 19 item 4; Gym #1612): vLLM reads ``logprobs: true`` with
   ``top_logprobs: null`` as "no log-probs" and answers 200 with ``logprobs: null``, so a trainable turn would lose
   them. :func:`check_logprobs_request` answers 400 naming ``top_logprobs`` instead, as NeMo RL's server does.
@@ -28,7 +29,13 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from nemo_gym_adapter.tokens.budget import BUDGET_FIELDS, ContextLengthExceeded, clamp_output_budget
+from nemo_gym_adapter.tokens.budget import (
+    BUDGET_FIELDS,
+    BudgetOutOfRange,
+    ContextLengthExceeded,
+    check_budget,
+    clamp_output_budget,
+)
 
 SENTINEL = "__ngv_original__"  # attribute on an installed wrapper, pointing at the original method (= hooks.SENTINEL)
 _T = TypeVar("_T")
@@ -53,6 +60,14 @@ class OutputBudget:
     def requested(self) -> int | None:
         """The budget the client asked for (the field vLLM reads), or None."""
         return next((v for f in BUDGET_FIELDS if (v := self.saved.get(f)) is not None), None)
+
+    def check(self) -> None:
+        """vLLM's 400 naming the field for a budget that is no token count (``tokens.budget.check_budget``)."""
+        for field, value in self.saved.items():
+            try:
+                check_budget(value, field)
+            except BudgetOutOfRange as e:
+                raise bad_request(str(e), field) from e
 
     def lift(self) -> None:
         for f in self.saved:
@@ -126,6 +141,7 @@ def make_completion_wrapper(original: Any) -> Any:
     @functools.wraps(original)
     async def preprocess_completion(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         budget = OutputBudget(request)
+        budget.check()
         if budget.requested is None:
             return await original(self, request, *args, **kwargs)
         max_model_len = self.model_config.max_model_len

@@ -13,6 +13,11 @@ assistant message edited while its token ids were kept (``nemo_gym.assistant_edi
 ``--ngv-no-partial-rollouts`` (ours too): a generation a pause aborted is answered 503 instead of being resumed from
 its tokens (``nemo_gym.partial_rollouts: false``; ``vllm.resume``).
 
+A key (vLLM's own ``--api-key``, or better ``VLLM_API_KEY`` in the environment: argv is visible to every user of the
+machine) is required on *every* route, not only under ``/v1`` as vLLM's own check does: the access guard
+(:mod:`nemo_gym_adapter.access.guard`) is installed with it before vLLM starts, so ``/tokenize``, ``/health``,
+``/metrics`` and the rest answer 401 without it too.
+
 Requests are rendered in this (the API server) process, also when the engine core runs in its own process, so one
 patched process is enough. Several API server processes (``--api-server-count`` > 1) would each need the patch and
 are refused. Inside verl use ``vllm.patch.apply_patch_to_actors`` on its server actors instead.
@@ -36,11 +41,13 @@ import os
 import runpy
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
+
+from pydantic import SecretStr
 
 from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError
@@ -123,8 +130,28 @@ def pop_assistant_edits(argv: Sequence[str]) -> tuple[str, list[str]]:
     return value, rest
 
 
+def api_keys(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """The keys vLLM would require under ``/v1``: ``--api-key`` values (``--api-key a b``, ``--api-key=a``), else
+    ``VLLM_API_KEY`` (vLLM's own precedence: ``args.api_key or [VLLM_API_KEY]``)."""
+    keys: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--api-key="):
+            keys = [arg.split("=", 1)[1]]  # argparse: a repeated flag replaces the earlier values
+        elif arg == "--api-key":
+            keys = []
+            while i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                keys.append(argv[i + 1])
+                i += 1
+        i += 1
+    env = os.environ if environ is None else environ
+    return [k for k in keys if k] or [k for k in [env.get("VLLM_API_KEY")] if k]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Patch, then hand over to vLLM's server main (which parses ``argv`` itself and serves until stopped)."""
+    """Patch (and guard, with a key), then hand over to vLLM's server main (which parses ``argv`` itself and serves
+    until stopped)."""
     assistant_edits, args = pop_assistant_edits(sys.argv[1:] if argv is None else argv)
     partial_rollouts = NO_PARTIAL_ROLLOUTS_FLAG not in args
     args = [a for a in args if a != NO_PARTIAL_ROLLOUTS_FLAG]
@@ -134,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"--api-server-count={count}: extra API server processes would render chat requests without the token-ID "
             "patch; run one API server per nemo_gym_adapter.vllm.server process"
         )
+    from nemo_gym_adapter.access.guard import install_guard
     from nemo_gym_adapter.vllm.patch import apply_patch
     from nemo_gym_adapter.vllm.plugin import register_tool_parsers
 
@@ -141,12 +169,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = apply_patch(assistant_edits, partial_rollouts)
     # vLLM checks --tool-call-parser against its registry before it loads general plugins: ours must be there first.
     register_tool_parsers()
+    keys = api_keys(args)
+    if keys:
+        install_guard(keys)
     logger.info(
-        "token-ID patch: %s on vLLM %s (assistant_edits=%s, partial_rollouts=%s); starting vLLM's OpenAI server",
+        "token-ID patch: %s on vLLM %s (assistant_edits=%s, partial_rollouts=%s); %s; starting vLLM's OpenAI server",
         report.hook,
         report.vllm_version,
         assistant_edits,
         partial_rollouts,
+        "a key required on every route" if keys else "no key: every route open (--api-key / VLLM_API_KEY)",
     )
     sys.argv = [sys.argv[0], *args]  # vLLM's main() parses sys.argv
     if _module_exists(_ENTRY_MODULE):
@@ -164,7 +196,8 @@ def _module_exists(name: str) -> bool:
 
 @dataclass(frozen=True)
 class VllmServer:
-    """A running vLLM OpenAI server: ``base_url`` ends in ``/v1``; ``address`` is ``host:port`` (verl's key)."""
+    """A running vLLM OpenAI server: ``base_url`` ends in ``/v1``; ``address`` is ``host:port`` (verl's key);
+    ``api_key``: what every request must carry (``headers``), None for an open server."""
 
     base_url: str
     model_name: str
@@ -173,6 +206,14 @@ class VllmServer:
     pid: int
     log_path: Path
     start_seconds: float
+    api_key: SecretStr | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Authorization: Bearer <key>`` when the server has a key, else ``{}``."""
+        from nemo_gym_adapter.policy import auth_headers
+
+        return auth_headers(self.api_key)
 
 
 def is_vllm_cpu() -> bool:
@@ -234,24 +275,35 @@ def start_vllm_server(
     cpu: bool | None = None,
     timeout: float = 300.0,
     log_name: str = "vllm",
+    api_key: SecretStr | str | None = None,
 ) -> Iterator[VllmServer]:
     """Serve ``model_path`` on a free local port; yield it once ``/health`` and ``/v1/models`` answer; always stop
-    it (by pid tree). ``cpu=None``: the CPU settings when vllm-cpu is installed. Raises ``ServerError`` (naming the
-    server, with its log tail) when it dies or does not become ready within ``timeout`` seconds."""
+    it (by pid tree). ``cpu=None``: the CPU settings when vllm-cpu is installed. ``api_key``: required on every
+    route (the patched launcher's guard; handed over in the child's ``VLLM_API_KEY``, never argv); None: open.
+    Raises ``ServerError`` (naming the server, with its log tail) when it dies or does not become ready within
+    ``timeout`` seconds."""
     cpu = is_vllm_cpu() if cpu is None else cpu
+    key = SecretStr(api_key) if isinstance(api_key, str) else api_key
     port = free_port()
     log_path = paths.logs_dir() / f"{log_name}-{os.getpid()}-{port}.log"
     args = [*(CPU_ARGS if cpu else ()), *tool_args, *extra_args]
     t0 = time.monotonic()
+    env = server_env(cpu)
+    env.pop("VLLM_API_KEY", None)
+    if key is not None:
+        env["VLLM_API_KEY"] = key.get_secret_value()
     proc = ManagedProcess(
         name=f"vLLM ({served_model_name})",
         cmd=server_command(model_path, port, served_model_name, extra_args=args, launcher=launcher),
         log_path=log_path,
-        env=server_env(cpu),
+        env=env,
     )
     try:
-        proc.wait_http_ready(f"http://127.0.0.1:{port}/health", timeout=timeout)
-        proc.wait_http_ready(f"http://127.0.0.1:{port}/v1/models", timeout=30)
+        from nemo_gym_adapter.policy import auth_headers
+
+        headers = auth_headers(key)
+        proc.wait_http_ready(f"http://127.0.0.1:{port}/health", timeout=timeout, headers=headers)
+        proc.wait_http_ready(f"http://127.0.0.1:{port}/v1/models", timeout=30, headers=headers)
         yield VllmServer(
             base_url=f"http://127.0.0.1:{port}/v1",
             model_name=served_model_name,
@@ -260,6 +312,7 @@ def start_vllm_server(
             pid=proc.pid,
             log_path=log_path,
             start_seconds=time.monotonic() - t0,
+            api_key=key,
         )
     finally:
         proc.stop()

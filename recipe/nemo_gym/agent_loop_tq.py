@@ -73,7 +73,7 @@ from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from nemo_gym_adapter.errors import AdapterError, ServerDownError
 from nemo_gym_adapter.loop_thread import LoopThread
-from nemo_gym_adapter.rollouts.core import RowResult
+from nemo_gym_adapter.rollouts.core import RowResult, resends
 from nemo_gym_adapter.rollouts.dump import SampleContext
 from nemo_gym_adapter.rollouts.groups import masked_fill
 from nemo_gym_adapter.rollouts.metrics import compute_metrics
@@ -98,6 +98,7 @@ class RolloutWindow:
     build_s: float = 0.0  # summed: building each sample's record (event-loop time, never overlapping)
     put_s: float = 0.0  # summed latency of the TransferQueue puts (they overlap: not wall time)
     dispatch_s: float = 0.0  # generate_sequences itself (the trainer's thread)
+    resends: int = 0  # the rollouts' re-sends after connection errors (core.resends)
 
     def metrics(self, prefix: str, success_threshold: float | None, *, rollouts: bool = True) -> dict[str, float]:
         """Timings, and with ``rollouts`` the rollouts' own metrics (``metrics.compute_metrics``)."""
@@ -182,6 +183,9 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         prefix = self.core.metrics_prefix if self.core is not None else "gym"
         out = windows["train"].metrics(prefix, threshold)
         out.update(windows["val"].metrics(f"val-aux/{prefix}", threshold, rollouts=False))
+        total = self.core.client.resends if self.core is not None else 0  # re-sends after connection errors
+        out[f"{prefix}/client/resends"] = float(windows["train"].resends)
+        out[f"{prefix}/client/resends_total"] = float(total)
         out.update(probe)
         out.update(self._groups.drain(prefix))
         if self.dump is not None:
@@ -246,9 +250,9 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         """Run the (prompt, session) ``slots`` sharing one sampling mode through the core, putting each sample."""
         assert self.core is not None
         validate = partition == "val"
-        overrides = self.sampling_overrides(validate)
+        sampling = self.sampling(validate)
         if not groups[slots[0][0]][2]:  # __do_sample__ = False: greedy, as verl's apply_greedy_sampling_params
-            overrides.update(temperature=0.0, top_p=1.0)
+            sampling = sampling.greedy()
 
         async def put(
             prompt: dict[str, Any], items: list[tuple[int, int, Trajectory, tuple[int, int]]], fill: Any
@@ -298,13 +302,16 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
             state.held.extend((session, k, t, versions) for k, t in enumerate(samples) if not validate and t.masked)
             with self._lock:
                 self._windows[partition].trajectories.append(row.segments or row.trajectory)
+                self._windows[partition].resends += resends([row.outcome])
             if validate:  # before the group is published finished, so verl's _validate returns after it
                 self.add_validation_rows([row], [task_index(prompt, i)])
             state.remaining -= 1
             if state.remaining == 0:
-                if state.held:
-                    metric = self.recipe.filter_groups_metric
-                    await put(prompt, state.held, masked_fill(state.members, [metric] if metric else []))
+                if state.held:  # the filter's metric and GDPO's keys present, whatever the valid members carry
+                    keys = [m for m in (self.recipe.filter_groups_metric,) if m] + list(
+                        self.recipe.required_reward_components
+                    )
+                    await put(prompt, state.held, masked_fill(state.members, keys))
                 if not validate:
                     self._groups.add(str(prompt["gym_env"]), state.members)
                 await publish(i, "finished")
@@ -312,7 +319,7 @@ class NemoGymAgentLoopManagerTQ(GymManagerBase, AgentLoopManagerTQ):
         rows = [groups[i][0]["gym_row"] for i, _ in slots]
         envs = [str(groups[i][0]["gym_env"]) for i, _ in slots]
         desc = "Gym validation rollouts" if validate else "Gym rollouts"
-        await self.core.run_step(rows, envs, overrides, on_row=on_row, desc=desc)
+        await self.core.run_step(rows, envs, sampling.overrides(), on_row=on_row, desc=desc)
 
     def _batch_done(self, future: concurrent.futures.Future[None]) -> None:
         with self._lock:

@@ -6,6 +6,8 @@ their own errors (``key_prefix``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym.liveness import LivenessConfig
@@ -14,9 +16,12 @@ from nemo_gym_adapter.rollouts.client import RolloutClientConfig
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 
 
-def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, host: str) -> GymLaunchSpec:
+def gym_launch_spec(
+    gym: NemoGymConfig, urls: list[str], model_name: str, *, host: str, api_key: Any = None
+) -> GymLaunchSpec:
     """The Gym to start for the ``nemo_gym:`` section, listening on ``host`` (``addresses.choose_gym_host``), with
-    the replicas at ``urls`` (``http://ip:port/v1``) as its policy."""
+    the replicas at ``urls`` (``http://ip:port/v1``) as its policy; ``api_key``: what Gym's model server sends them
+    (the run's rollout key), else ``nemo_gym.policy_api_key``."""
     config_paths = list(gym.config_paths)
     if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
         config_paths.append(TRAINING_MODEL_CONFIG)
@@ -32,7 +37,7 @@ def gym_launch_spec(gym: NemoGymConfig, urls: list[str], model_name: str, *, hos
             "config_paths": config_paths,
             "policy_base_url": urls,
             "policy_model_name": model_name,
-            "policy_api_key": gym.policy_api_key.get_secret_value(),
+            "policy_api_key": api_key if api_key is not None else gym.policy_api_key,
             "host": host,
             "config_overrides": gym.config_overrides,
             "hydra_overrides": gym.hydra_overrides,
@@ -58,6 +63,7 @@ def trajectory_config(
         mask_on_failure_kind=recipe.gym.trajectory.mask_on_failure_kind,
         verifier_errors=dict(recipe.gym.trajectory.verifier_errors),
         forced_token_min_logprob=recipe.gym.trajectory.forced_token_min_logprob,
+        required_components=recipe.required_reward_components,
         vocab_size=vocab_size,
         key_prefix="nemo_gym.trajectory",
     )

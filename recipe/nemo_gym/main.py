@@ -12,7 +12,9 @@ can be overridden as usual. The run, in order:
    key, the bad value and the fix, or ``file:line`` (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
    where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.resolvers``)
-   are registered;
+   are registered; decide who may reach the run (:func:`prepare_access`, ``nemo_gym_adapter.access``): on one host
+   every process of the run listens on loopback only, a Ray the recipe starts gets a token of its own, and the run's
+   rollout key is made here and published for the run's processes as soon as Ray is up;
 3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
    the default: verl's TransferQueue trainer, manager ``recipe.nemo_gym.agent_loop_tq``) or
    :data:`recipe.nemo_gym.task_runner.NemoGymTaskRunner` (``trainer.use_v1=False``: the legacy trainer, manager
@@ -35,6 +37,7 @@ import os
 import signal
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +45,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_gym_adapter import paths, reaper
+from nemo_gym_adapter.access import key as access_key
+from nemo_gym_adapter.access import listen
 from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, ServerDownError, SetupError, StorageError
-from nemo_gym_adapter.recipe_config import load_config
+from nemo_gym_adapter.recipe_config import RecipeConfig, load_config
 from recipe.nemo_gym.resolvers import register_resolvers
 
 logger = logging.getLogger(__name__)
@@ -59,8 +64,9 @@ def run(cfg: DictConfig) -> int:
     """Validate, then train. Returns the process exit status (2: invalid config; 1: the machine cannot run this
     config, a ``SetupError`` from the TaskRunner's start-up checks, printed as one message)."""
     try:
-        load_config(cfg)
+        recipe = load_config(cfg)
         check_rows(cfg)
+        access = prepare_access(cfg, recipe)
     except (AdapterConfigError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -70,11 +76,15 @@ def run(cfg: DictConfig) -> int:
     run_dir = _prepare_run_dir(cfg)
     metrics_path = _file_logger_path(cfg, run_dir)
     _quiet_console(cfg)
+    if access.key is not None and recipe.rollout_name == "sglang":
+        _load_in_workers(cfg, SGLANG_KEYED_CLIENT)  # verl's own HTTP client of SGLang sends the key too
     _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
     OmegaConf.resolve(cfg)  # our resolvers exist only in this process; verl's TaskRunner gets plain values
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _TERMINATED.clear()
     _reinstall_after_ray_init(_exit_on_sigterm)
+    if access.key is not None:
+        _after_ray_init(access_key.post_init_publisher(access.key), "ngv_publish_rollout_key")
     try:
         from verl.trainer.main_ppo import run_ppo
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -93,11 +103,80 @@ def run(cfg: DictConfig) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         sweep_gym(run_dir)
+        access.restore()
         _shutdown_ray()
         if _TERMINATED:  # everything is stopped: now end as a SIGTERMed process does (status 143; Popen: -15)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
     return 0
+
+
+class RunAccess:
+    """What :func:`prepare_access` set for this run: the listen plan, the rollout key (None with
+    ``nemo_gym.access.require_key=false``), and the environment variables to put back when the run ends."""
+
+    def __init__(self, plan: listen.ListenPlan, key: access_key.RunKey | None, saved: dict[str, str | None]) -> None:
+        self.plan, self.key, self._saved = plan, key, saved
+
+    def restore(self) -> None:
+        """The key out of Ray's KV (a joined cluster outlives the run) and this process's environment as it was."""
+        if self.key is not None:
+            try:
+                access_key.unpublish()
+            except Exception as e:  # the cluster may be gone already
+                logger.debug("rollout key not unpublished: %s", e)
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def prepare_access(cfg: DictConfig, recipe: RecipeConfig) -> RunAccess:
+    """Who may reach the run (``nemo_gym_adapter.access``), decided before ``ray.init``:
+
+    - where it listens (``access.listen.plan``, ``nemo_gym.access.local_only``): on one host, Ray's one-machine mode
+      in this process's environment, which Ray and everything it starts inherit -- every Ray port, the rollout
+      servers, TransferQueue and Gym's Ray on 127.0.0.1;
+    - a Ray the recipe starts gets a token of its own in the environment (``access.listen.ray_token_env``), never
+      written to ``~/.ray/auth_token``;
+    - the rollout key (``nemo_gym.access.require_key``): ``NGV_ROLLOUT_API_KEY`` or a generated one, published in
+      Ray's KV right after ``ray.init`` (:func:`run` registers that). Attached to a Gym you run, a generated key
+      cannot work: ``AdapterConfigError`` naming the variable (``access.key.attach_error``).
+    """
+    from nemo_gym_adapter.gym.addresses import is_local
+
+    access, gym = recipe.gym.access, recipe.gym
+    address = OmegaConf.select(cfg, "ray_kwargs.ray_init.address", default=None)
+    recorded = None
+    if address in (None, "", "auto") and not os.environ.get("RAY_ADDRESS"):
+        from ray._private.utils import read_ray_address  # a cluster `ray start` recorded here: ray.init would join it
+
+        recorded = read_ray_address()
+    own_ray = listen.starts_own_ray(address, os.environ, recorded)
+    head_host = urllib.parse.urlsplit(gym.head_url).hostname if gym.head_url else None
+    plan = listen.plan(
+        access.local_only,
+        own_ray=own_ray,
+        nnodes=int(OmegaConf.select(cfg, "trainer.nnodes", default=1) or 1),
+        gym_elsewhere=head_host if head_host and not is_local(head_host) else None,
+        environ=os.environ,
+    )
+    key = None
+    if access.require_key:
+        key = access_key.driver_key()
+        if gym.head_url is not None and key.source != "env":
+            raise AdapterConfigError(access_key.attach_error(gym.head_url))
+    env = {**plan.env, **(listen.ray_token_env(os.environ) if own_ray else {})}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    logger.info(
+        "access: %s; Ray: %s; rollout servers: %s",
+        plan.reason,
+        "a token of its own" if "RAY_AUTH_TOKEN" in env else "as configured (ray_kwargs / RAY_AUTH_*)",
+        f"the run's key required on every route ({key})" if key else "no key (nemo_gym.access.require_key=false)",
+    )
+    return RunAccess(plan, key, saved)
 
 
 def check_rows(cfg: DictConfig) -> None:
@@ -200,6 +279,20 @@ def _quiet_console(cfg: DictConfig) -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="verl.workers.engine")  # this process
 
 
+SGLANG_KEYED_CLIENT = "nemo_gym_adapter.sglang.verl_client"
+
+
+def _load_in_workers(cfg: DictConfig, module: str) -> None:
+    """Append ``module`` to ``VERL_USE_EXTERNAL_MODULES`` in the runtime env: ``import verl`` imports it in every
+    process of the run (driver, TaskRunner, workers)."""
+    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
+    current = OmegaConf.select(cfg, key, default=None) or os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+    modules = [m for m in str(current).split(",") if m]
+    if module not in modules:
+        with open_dict(cfg):
+            OmegaConf.update(cfg, key, ",".join([*modules, module]), force_add=True)
+
+
 def _apply_runtime_env(cfg: DictConfig) -> None:
     """The driver gets the environment the config gives every Ray worker (e.g. the CPU platform plugin)."""
     env_vars = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars", default=None) or {}
@@ -229,14 +322,6 @@ def _reinstall_after_ray_init(handler: Any) -> None:
     used by Ray Tune and Serve; private), run by ``ray.init`` in its caller's thread -- the main thread here;
     replaced, not appended twice, when ``run`` runs again in one process. Without that list: a warning, and a
     SIGTERM may end with 134 again."""
-    try:
-        import ray._private.worker as ray_worker
-    except ImportError:
-        return
-    hooks = getattr(ray_worker, "_post_init_hooks", None)
-    if not isinstance(hooks, list):
-        logger.warning("Ray has no _post_init_hooks: a SIGTERM may end with status 134 (absl's abort alarm)")
-        return
 
     def reinstall() -> None:
         import threading
@@ -244,8 +329,24 @@ def _reinstall_after_ray_init(handler: Any) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handler)
 
-    reinstall.__qualname__ = _HOOK_NAME
-    hooks[:] = [h for h in hooks if getattr(h, "__qualname__", "") != _HOOK_NAME] + [reinstall]
+    _after_ray_init(reinstall, _HOOK_NAME)
+
+
+def _after_ray_init(hook: Any, name: str) -> bool:
+    """Have ``ray.init`` (inside verl's ``run_ppo``, in this thread) call ``hook`` once it is connected: Ray's own
+    list of post-init hooks (Ray 2.4x-2.60, used by Ray Tune and Serve; private), where a hook of the same ``name``
+    from an earlier ``run`` in this process is replaced, not added twice. False (logged) without that list."""
+    try:
+        import ray._private.worker as ray_worker
+    except ImportError:
+        return False
+    hooks = getattr(ray_worker, "_post_init_hooks", None)
+    if not isinstance(hooks, list):
+        logger.warning("Ray has no _post_init_hooks: %s cannot run after ray.init", name)
+        return False
+    hook.__qualname__ = name
+    hooks[:] = [h for h in hooks if getattr(h, "__qualname__", "") != name] + [hook]
+    return True
 
 
 def sweep_gym(run_dir: Path | None) -> list[int]:

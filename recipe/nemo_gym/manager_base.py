@@ -10,8 +10,12 @@ once, at creation:
 1. find the replicas behind ``llm_client``: their "ip:port" from verl's load balancer, their Ray actor handles by
    verl's actor names, matched through each server's own ``get_server_address`` (:func:`~recipe.nemo_gym.replicas.find_replicas`);
 2. apply the engine's token-ID patch inside each server actor and check every report (:func:`~recipe.nemo_gym.replicas.patch_replicas`);
-3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``), the tokenizer's
-   pad id and the engine probe's token ids;
+   with ``nemo_gym.access.require_key`` (the default) the access guard with the run's rollout key too, and check that
+   every replica refuses a request without it (:func:`~recipe.nemo_gym.replicas.guard_replicas`;
+   ``nemo_gym_adapter.access``: the key comes from the driver through Ray, and the vLLM plugin already put the guard
+   in place before the replica answered anything);
+3. read the served model name and ``max_model_len`` from the replicas (``policy.read_model_card``, with the key), the
+   tokenizer's pad id and the engine probe's token ids;
 4. start NeMo Gym with the replicas as its policy (:func:`~recipe.nemo_gym.gym_settings.gym_launch_spec`), or attach to ``nemo_gym.head_url``; the
    launcher's pid goes to ``<run_dir>/gym.pid`` so the driver can sweep Gym if this process is killed outright.
    With ``nemo_gym.ray_head: early`` (the default) Gym joins a Ray head from Gym's venv
@@ -40,6 +44,7 @@ import ray
 from verl.utils.ray_utils import auto_await
 
 from nemo_gym_adapter import reaper
+from nemo_gym_adapter.access.key import RunKey, rollout_key
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym.addresses import HostChoice, ReplicaEndpoint, check_policy_urls, choose_gym_host, policy_urls
 from nemo_gym_adapter.gym.liveness import Liveness
@@ -50,11 +55,12 @@ from nemo_gym_adapter.policy import effective_max_model_len, probe_logprob, read
 from nemo_gym_adapter.recipe_config import RecipeConfig, load_config
 from nemo_gym_adapter.rollouts.core import RolloutCore, RowResult
 from nemo_gym_adapter.rollouts.dump import RolloutDump
+from nemo_gym_adapter.rollouts.sampling import Sampling
 from nemo_gym_adapter.rollouts.validation import ValidationPass
 from recipe.nemo_gym.backends import Engine, engine_named
 from recipe.nemo_gym.gym_settings import client_config, gym_launch_spec, liveness_config, trajectory_config
 from recipe.nemo_gym.outcomes import rollout_dump
-from recipe.nemo_gym.replicas import find_replicas, load_tokenizer, patch_replicas, tokenizer_ids
+from recipe.nemo_gym.replicas import find_replicas, guard_replicas, load_tokenizer, patch_replicas, tokenizer_ids
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +96,8 @@ class GymManagerBase:
         self.replica_endpoints: list[ReplicaEndpoint] = []  # per replica, in verl's order
         self.replica_handles: dict[str, Any] = {}  # server actor name -> Ray actor handle
         self.patch_reports: list[Any] = []  # per replica actor (the engine's PatchReport)
+        self.run_key: RunKey | None = None  # the run's rollout key (nemo_gym.access.require_key), never logged
+        self.guard_reports: list[Any] = []  # per replica actor (access.guard.GuardReport)
         self.gym_host: HostChoice | None = None  # where a Gym we start listens, and why
         self.served_model_name: str | None = None
         self.max_model_len: int | None = self.recipe.max_model_len
@@ -118,6 +126,7 @@ class GymManagerBase:
     def start(self) -> None:
         """Replicas → patch → model card and tokenizer → Gym → rollout core (the module docstring's steps)."""
         t0 = time.perf_counter()
+        self.run_key = rollout_key(self.recipe.gym)  # before the warm launcher: Gym's environment holds it
         self.ray_head = self._claim_ray_head()  # first: it comes up while the replicas are found and patched
         self.warm = self._claim_warm()  # next: it imports meanwhile
         self.replica_endpoints, handles = find_replicas(self.llm_client, self.engine)
@@ -127,8 +136,10 @@ class GymManagerBase:
             self.patch_reports = patch_replicas(
                 handles, self.engine, self.recipe.gym.assistant_edits, self.recipe.gym.partial_rollouts
             )
+        if self.run_key is not None:
+            self.guard_reports = guard_replicas(handles, self.replica_endpoints, self.run_key)
         t1 = time.perf_counter()
-        card = read_model_card(self.replicas)
+        card = read_model_card(self.replicas, api_key=self.api_key)
         self.served_model_name = card.name
         self.max_model_len = effective_max_model_len(self.recipe.max_model_len, card.max_model_len)
         tokenizer, vocab_size = load_tokenizer(self.model_config)
@@ -145,11 +156,18 @@ class GymManagerBase:
             trajectory,
             client_config(self.recipe.gym),
             success_threshold=self.recipe.gym.metrics.success_threshold,
-            liveness=Liveness.for_gym(self.gym, liveness_config(self.recipe.gym)),
+            liveness=Liveness.for_gym(
+                self.gym, liveness_config(self.recipe.gym), self.run_key.header if self.run_key else None
+            ),
         )
         self.setup_seconds = {"find_and_patch_s": t1 - t0, "gym_start_s": t2 - t1, "total_s": time.perf_counter() - t0}
         atexit.register(self.shutdown)
         logger.info("NeMo Gym manager ready in %.1fs: replicas %s, Gym %s", t2 - t0, list(self.replicas), self.gym)
+
+    @property
+    def api_key(self) -> Any:
+        """What this manager's own requests to the replicas carry (the run key's ``SecretStr``), None without one."""
+        return self.run_key.value if self.run_key is not None else None
 
     def _claim_ray_head(self) -> GymRayHead | None:
         """The Ray head Gym will join (``nemo_gym.ray_head: early``, a Gym we start): the one the task runner started
@@ -187,7 +205,7 @@ class GymManagerBase:
         node_ip = ray.util.get_node_ip_address()
         self.gym_host = choose_gym_host(gym.host, node_ip=node_ip, replicas=[ep.host for ep in self.replica_endpoints])
         logger.info("Gym listens on %s: %s", self.gym_host.host, self.gym_host.reason)
-        spec = gym_launch_spec(gym, urls, model_name, host=self.gym_host.host)
+        spec = gym_launch_spec(gym, urls, model_name, host=self.gym_host.host, api_key=self.api_key)
         started = GymServers.start(spec, ray_head=self.ray_head, warm=self.warm)
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
@@ -233,14 +251,15 @@ class GymManagerBase:
         if self._closed or self.core is None:
             raise AdapterError(f"{type(self).__name__}: a step was requested after shutdown (or before start)")
 
+    def sampling(self, validate: bool) -> Sampling:
+        """A step's sampling settings, as verl's agent loop picks them (``rollout`` or ``rollout.val_kwargs``), with
+        the trainer's response budget as every row's cap (``nemo_gym_adapter.rollouts.sampling``)."""
+        settings = self.recipe.val_sampling if validate else self.recipe.sampling
+        return Sampling(max_output_tokens=self.recipe.response_length, **settings.model_dump())
+
     def sampling_overrides(self, validate: bool) -> dict[str, Any]:
-        """``responses_create_params`` overrides for a step (as verl's agent loop picks its sampling params)."""
-        r = self.recipe
-        return {
-            "temperature": r.val_temperature if validate else r.temperature,
-            "top_p": r.val_top_p if validate else r.top_p,
-            "max_output_tokens": r.response_length,
-        }
+        """``responses_create_params`` overrides for a step: every sampling setting, sent with every request."""
+        return self.sampling(validate).overrides()
 
     def add_validation_rows(self, rows: Iterable[RowResult], task_indices: Sequence[int]) -> None:
         """Collect validation rows (``task_indices[i]``: the dataset row of ``rows[i]``) into the current
@@ -275,7 +294,9 @@ class GymManagerBase:
         address = next((a for a in self.replicas if a not in dead), None)
         if address is None or self.served_model_name is None:
             return {}
-        probe = probe_logprob(address, self.served_model_name, self.probe_ids, api=self.engine.probe_api)
+        probe = probe_logprob(
+            address, self.served_model_name, self.probe_ids, api=self.engine.probe_api, api_key=self.api_key
+        )
         metrics = {} if probe is None else {"gym/engine/probe_logprob_mean": probe}
         if self.recipe.gym.patch_vllm and self.replica_handles:
             # Model calls the engine aborted at async weight syncs: resumed from their tokens (partial rollouts), or

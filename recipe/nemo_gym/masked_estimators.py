@@ -83,21 +83,31 @@ def rows_to_keep(
     return keep
 
 
-def exclude_masked(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], min_valid: int = MIN_VALID) -> Any:
-    """``fn`` (a verl outcome estimator) over the rows whose ``response_mask`` is not all zero (module docstring).
-    Idempotent: an already wrapped ``fn`` is returned as it is."""
-    if getattr(fn, _WRAPPED, False):
-        return fn
+def as_keywords(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], dict[str, Any]]:
+    """``(args, kwargs) -> kwargs`` for calls of ``fn``: positional arguments named by ``fn``'s signature (verl calls
+    its estimators with keywords, other callers may not; a wrapper reads the arguments by name)."""
     positional = [
         p.name
         for p in inspect.signature(fn).parameters.values()
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
 
+    def named(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {**dict(zip(positional, args, strict=False)), **kwargs} if args else kwargs
+
+    return named
+
+
+def exclude_masked(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]], min_valid: int = MIN_VALID) -> Any:
+    """``fn`` (a verl outcome estimator) over the rows whose ``response_mask`` is not all zero (module docstring).
+    Idempotent: an already wrapped ``fn`` is returned as it is."""
+    if getattr(fn, _WRAPPED, False):
+        return fn
+    named = as_keywords(fn)
+
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if args:
-            kwargs = {**dict(zip(positional, args, strict=False)), **kwargs}
+        kwargs = named(args, kwargs)
         mask = kwargs["response_mask"]
         n = mask.shape[0]
         valid = mask.sum(dim=-1) > 0

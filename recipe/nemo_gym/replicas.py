@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
 
+from nemo_gym_adapter.access.guard import install_on_actors
+from nemo_gym_adapter.access.key import RunKey
 from nemo_gym_adapter.errors import AdapterError, ServerError
 from nemo_gym_adapter.gym.addresses import ReplicaEndpoint, check_replica_endpoints, replica_endpoints
 from nemo_gym_adapter.policy import PROBE_TEXT
@@ -77,6 +79,32 @@ def patch_replicas(
             engine.label,
             report.version,
         )
+    return reports
+
+
+def guard_replicas(handles: Mapping[str, Any], endpoints: Sequence[ReplicaEndpoint], key: RunKey) -> list[Any]:
+    """The access guard with the run's ``key`` inside every server actor (``access.guard.install_on_actors``; the key
+    unchanged where the vLLM plugin already installed it), then the proof: each replica must refuse ``GET /v1/models``
+    without the key (401) -- a ``ServerError`` naming the replica otherwise. The key is never logged."""
+    import urllib.error
+    import urllib.request
+
+    reports = install_on_actors(handles, key.value.get_secret_value())
+    for ep in endpoints:
+        url = f"{ep.url}/models"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        except OSError as e:
+            raise ServerError(f"rollout replica {ep.address} ({ep.actor}): GET {url} failed: {e}") from e
+        if status != 401:
+            raise ServerError(
+                f"rollout replica {ep.address} ({ep.actor}) answered {status} to a request without the run's rollout "
+                "key: the access guard is not in place (nemo_gym.access.require_key)"
+            )
+    logger.info("rollout replicas %s refuse requests without the run's key (%s)", [ep.address for ep in endpoints], key)
     return reports
 
 

@@ -24,7 +24,9 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
      ``env_sampling.EnvWeightedSampler`` (``_init_dataloader``);
    - a checkpoint or verl rollout dump that hits a full disk (:mod:`recipe.nemo_gym.storage`);
    - ``masked_grpo`` sees the batch's ``{uid}_{session}_{i}`` keys (``advantage.SESSION_KEYS``), so a rollout split
-     into several samples (``nemo_gym.trajectory.contiguity: split``) counts once in its group (``_compute_advantage``).
+     into several samples (``nemo_gym.trajectory.contiguity: split``) counts once in its group (``_compute_advantage``);
+   - with ``algorithm.adv_estimator=gdpo``, verl's GDPO gets each sample's reward components, which verl's own
+     ``_compute_advantage`` does not fetch (:mod:`recipe.nemo_gym.gdpo`, installed in ``run``).
 3. The rollout manager is shut down (Gym stopped) when training ends or fails; verl's runner never does it.
 4. Gym's Ray head (``nemo_gym.ray_head: early``) starts before ``tq.init`` and verl's workers, so it is up by the
    time the manager starts Gym (``nemo_gym_adapter.gym.early.early_gym_servers``).
@@ -56,6 +58,7 @@ from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from recipe.nemo_gym import (  # advantage registers masked_grpo
     advantage,
+    gdpo,
     logprob_guard,
     masked_estimators,
     rollout_correction,
@@ -150,7 +153,8 @@ class NemoGymTrainerMixin:
     def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
         token = advantage.SESSION_KEYS.set(list(batch.keys))
         try:
-            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+            with gdpo.components_for(self, batch, metrics):  # GDPO: the reward components verl's fetch leaves out
+                return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         finally:
             advantage.SESSION_KEYS.reset(token)
 
@@ -291,6 +295,7 @@ class NemoGymTaskRunnerV1Impl:
         notice = masked_estimators.install()  # this process computes the advantages
         if notice:
             print(notice)
+        gdpo.install()  # verl's gdpo gets the reward components on this trainer (recipe.nemo_gym.gdpo)
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
         warn_unguarded_aborts(config)

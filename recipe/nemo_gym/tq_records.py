@@ -17,6 +17,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.rollouts.samples import sample_tensors
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
+from nemo_gym_adapter.wire import reward_components
 
 
 def split_prompts(batch: TensorDict) -> list[dict[str, Any]]:
@@ -84,6 +85,8 @@ def sample_record(
             "gym_reward": trajectory.gym_reward,
             "gym_masked_reason": trajectory.masked_reason.value if trajectory.masked_reason else "",
             "gym_truncated": trajectory.truncated,
+            # its own, masked or not (recipe.nemo_gym.gdpo: what its environment returns)
+            "gym_reward_components": reward_components(trajectory.numeric),
         },
     }
     if reward_extra_info is not None:

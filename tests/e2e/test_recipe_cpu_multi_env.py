@@ -13,6 +13,10 @@ With ``trainer.rollout_data_dir`` set, the readable dump (``nemo_gym.rollout_dum
 training step and validation pass: toy_lookup's two tool calls with their names and arguments, the tool's output in
 between, each call's decoded generation; toy_choice's letter. Lean on purpose (CI budget): 4 rows x 2 samples per
 step, 8 greedy validation rows.
+
+Who may reach the run (issue 27), taken while it trains: every TCP listener of the run's process tree (Ray, verl's
+workers, the vLLM replica, TransferQueue, Gym and its Ray) is on loopback, the one-host plan
+(``nemo_gym.access.local_only: auto``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pytest
 
 from recipe.nemo_gym.reward_curve import load_reward_curve
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
+from tests.support.listeners import TreeListeners, table
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +39,12 @@ BATCH, N = 4, 2
 
 
 def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, reaped_children):  # noqa: F811
+    watches: list[TreeListeners] = []
+
+    def watch(pid: int, log: Path) -> TreeListeners:  # the run's listeners once it trains (module docstring)
+        watches.append(TreeListeners(pid, log, "step:1 "))
+        return watches[-1]
+
     text, wall = _run_recipe(
         tmp_path,
         f"trainer.total_training_steps={STEPS}",
@@ -44,7 +55,14 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
         # at its first check and fall back to recomputing (below).
         "nemo_gym.trusted_logprobs.enable=true",
         config_name="nemo_gym_cpu_multi_env",
+        watch=watch,
     )
+    found = watches[0].found
+    assert found, "no listener of the run seen while it trained"
+    print(f"listeners of the run at step 1:\n{table(found)}")
+    exposed = [item for item in found if item.scope != "loopback"]
+    assert not exposed, f"listening beyond loopback on one host:\n{table(exposed)}"
+    assert len({item.pid for item in found}) > 10  # the control: Ray, workers, vLLM, Gym were all seen
     steps = _parse_steps(text)
     assert sorted(steps) == [0, *range(1, STEPS + 1)], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     turns = {"toy_choice_simple_agent": 1.0, "toy_lookup_simple_agent": 2.0}

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -132,8 +133,12 @@ def masked_step_overrides(tmp_path: Path) -> tuple[str, ...]:
     return (f"data.train_files=[{rows}]", f"data.val_files=[{rows}]", f"trainer.total_training_steps={STEPS + 1}")
 
 
-def _run_recipe(tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cpu") -> tuple[str, float]:
-    """``python -m recipe.nemo_gym.main --config-name <config_name>`` with ``overrides``; (log text, wall seconds)."""
+def _run_recipe(
+    tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cpu", watch: Any = None
+) -> tuple[str, float]:
+    """``python -m recipe.nemo_gym.main --config-name <config_name>`` with ``overrides``; (log text, wall seconds).
+    ``watch(pid, log_path)``: a thread to start beside the run (e.g. ``tests.support.listeners.TreeListeners``);
+    stopped when the run ends."""
     log_path = tmp_path / "recipe.log"
     cmd = [
         sys.executable,
@@ -148,6 +153,9 @@ def _run_recipe(tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cp
     started = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+        watcher = watch(proc.pid, log_path) if watch is not None else None
+        if watcher is not None:
+            watcher.start()
         try:
             status = proc.wait(timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -155,6 +163,8 @@ def _run_recipe(tmp_path: Path, *overrides: str, config_name: str = "nemo_gym_cp
             proc.wait(timeout=120)
             pytest.fail(f"recipe did not finish in {TIMEOUT_S:.0f}s; log: {log_path}")
     wall = time.monotonic() - started
+    if watcher is not None:
+        watcher.stop()
     text = log_path.read_text(errors="replace")
     assert status == 0, f"exit {status} after {wall:.0f}s\n{text[-6000:]}"
     return text, wall

@@ -18,7 +18,10 @@ from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe
 
 reaped_children = legacy.reaped_children
-pytestmark = pytest.mark.e2e
+# The slow tier (CI budget; docs/CI.md): 184 s of a fresh clone's CI. The real model stays in the default tier served
+# through Gym (tests/integration/rollouts/test_smollm2_multi_turn.py, tests/integration/test_smollm2_vllm.py); the
+# recipe's launch path is the tiny models' e2e; its learning run is a benchmark (docs/BENCHMARKS.md).
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ENV = "math_with_judge_simple_agent"
 STEPS = 2

@@ -19,6 +19,7 @@ from nemo_gym_adapter.sglang import patch as sglang_patch
 from tests.sglang.cases import FAMILIES, MAX_MODEL_LEN, SCRIPT, Conversation, say, sglang_tools, two_turns
 from tests.sglang.engine import logprob_of
 from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, piecewise, plain_messages
+from tests.support.hostile_ids import HOSTILE_IDS, assert_refused_on_both_routes
 
 
 def test_patch_installs_on_sglang_0_5_12(patched):
@@ -320,3 +321,42 @@ def test_concurrent_requests_each_get_their_own_history(servers, patched):
         assert r.json()["prompt_token_ids"][: len(history)] == history
     engine_prompts = sorted(tuple(c.input_ids) for c in server.scheduler.calls[-len(cases) :])
     assert engine_prompts == sorted(tuple(r.json()["prompt_token_ids"]) for r in answers)
+
+
+# ----------------------------------------------------------------------------- issue 27: hostile ids, access
+
+
+@pytest.mark.parametrize(("where", "bad", "fragment"), HOSTILE_IDS)
+def test_hostile_ids_are_one_400_on_chat_and_tokenize_alike(servers, patched, where, bad, fragment):
+    """The vLLM hook's id check, shared (``tokens.anchor``): chat and ``/tokenize`` answer the same 400 naming the
+    message, field and element, and the scheduler never sees the request (issue 27)."""
+    server = servers("qwen25")
+    calls = len(server.scheduler.calls)
+    assert_refused_on_both_routes(server.post, where, bad, fragment)
+    assert len(server.scheduler.calls) == calls  # nothing reached the engine
+
+
+def test_the_access_guard_refuses_every_route_of_sglangs_app_without_the_key(servers, patched):
+    """The guard on SGLang 0.5.12's real app served by verl's server: every route answers 401 without the run's key
+    (SGLang's own ``--api-key`` leaves ``/health*`` and ``/metrics`` open), the scheduler sees nothing; with the key
+    the routes answer; removed, the app is open again (the control)."""
+    from sglang.srt.entrypoints.http_server import app
+
+    from nemo_gym_adapter.access import guard
+
+    server = servers("qwen25")
+    paths = sorted({r.path for r in app.routes if hasattr(r, "path")})
+    assert {"/health", "/tokenize", "/v1/chat/completions", "/generate", "/update_weights_from_tensor"} <= set(paths)
+    calls = len(server.scheduler.calls)
+    guard.install_guard(["the-run-key"])
+    try:
+        opened = {
+            p: s for p in paths if (s := server.client.post(p.replace("{", "x").replace("}", "")).status_code) != 401
+        }
+        assert not opened, opened
+        assert server.client.get("/health", headers={"Authorization": "Bearer other"}).status_code == 401
+        assert len(server.scheduler.calls) == calls
+        assert server.client.get("/health", headers={"Authorization": "Bearer the-run-key"}).status_code == 200
+    finally:
+        guard.remove_guard()
+    assert server.client.get("/health").status_code == 200  # the control

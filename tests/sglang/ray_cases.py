@@ -26,6 +26,7 @@ from tests.support.conversations import TERMINATOR, piecewise
 
 REPO = Path(__file__).resolve().parents[2]
 ACTOR = "sglang_server_0_0"
+RUN_KEY: list = []  # the run's rollout key, published before the actor starts, as the recipe's driver does
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,14 @@ def ray_actor():
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # what recipe.nemo_gym.main adds for rollout.name=sglang: verl's SGLang server and client with the run's key
+        "VERL_USE_EXTERNAL_MODULES": "nemo_gym_adapter.sglang.verl_client",
     }
     ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=tmp, runtime_env={"env_vars": env})
+    from nemo_gym_adapter.access import key as access_key
+
+    RUN_KEY[:] = [access_key.generate()]
+    access_key.publish(RUN_KEY[0])
     try:
         actor = ray.remote(CPUSGLangHttpServer).options(name=ACTOR).remote("qwen25", str(model_dir("qwen25")), 1024)
         ray.get(actor.launch_server.remote(), timeout=600)
@@ -54,7 +61,8 @@ def ray_actor():
 def _post(address: str, path: str, body: dict):
     import httpx
 
-    return httpx.post(f"http://{address}{path}", json={"model": "tiny-qwen25", **body}, timeout=120)
+    headers = RUN_KEY[0].header  # the replica answers only the run's key (issue 27; the last case)
+    return httpx.post(f"http://{address}{path}", json={"model": "tiny-qwen25", **body}, headers=headers, timeout=120)
 
 
 def test_the_managers_patch_reaches_verls_sglang_server_actor_through_ray(ray_actor, caplog):
@@ -104,3 +112,42 @@ def test_the_managers_patch_reaches_verls_sglang_server_actor_through_ray(ray_ac
     assert patched.json()["prompt_token_ids"] == engine_prompt
     assert patched.json()["choices"][0]["token_ids"] == ray.get(ray_actor.scheduler_outputs.remote())[-1]
     assert engine.aborted_turns(handles) == 0  # the manager's abort metric reads the actor
+
+
+def test_the_managers_access_guard_and_verls_own_sglang_client_with_the_run_key(ray_actor):
+    """The run's rollout key on verl's SGLang server through Ray (issue 27): the server was guarded at launch
+    (``nemo_gym_adapter.sglang.verl_client`` wraps verl's ``launch_server`` in the actor, from the key published in
+    Ray's KV), the manager's ``guard_replicas`` finds it in place and proves every request without the key gets a 401;
+    verl's own HTTP client of SGLang (``AsyncHttpServerAdapter``, what its ServerAdapter uses for weight sync) is
+    refused too -- the control -- until the same module gives it the key."""
+    import asyncio
+
+    import aiohttp
+    import httpx
+    from verl.workers.rollout.sglang_rollout.http_server_engine import AsyncHttpServerAdapter
+
+    from recipe.nemo_gym.backends import ENGINES
+    from recipe.nemo_gym.replicas import find_replicas, guard_replicas
+
+    (key,) = RUN_KEY
+    endpoints, handles = find_replicas(None, ENGINES["sglang"])
+    (report,) = guard_replicas(handles, endpoints, key)  # raises unless a request without the key gets 401
+    assert report.actor == ACTOR and report.keys == 1 and report.already_installed  # guarded since its launch
+    address = endpoints[0].address
+    for path in ("/health", "/metrics", "/v1/models", "/flush_cache", "/update_weights_from_tensor"):
+        assert httpx.post(f"http://{address}{path}", timeout=60).status_code == 401, path
+    assert httpx.get(f"http://{address}/health", headers=key.header, timeout=60).status_code == 200
+
+    host, port = address.rsplit(":", 1)
+    adapter = AsyncHttpServerAdapter(
+        model_path=str(model_dir("qwen25")), host=host, port=int(port), launch_server=False, device="cpu"
+    )
+    with pytest.raises(aiohttp.ClientResponseError) as refused:  # verl's client sends no key of its own
+        asyncio.run(adapter._make_async_request("v1/models", method="GET"))
+    assert refused.value.status == 401
+    from nemo_gym_adapter.sglang import verl_client
+
+    verl_client.install()  # what VERL_USE_EXTERNAL_MODULES does in verl's workers (importing it installs)
+    models = asyncio.run(adapter._make_async_request("v1/models", method="GET"))
+    assert models["data"][0]["id"] == "tiny-qwen25"
+    assert adapter._make_request("v1/models", method="GET")["data"][0]["id"] == "tiny-qwen25"  # the sync path too

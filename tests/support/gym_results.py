@@ -125,6 +125,7 @@ class FakeOutcome:
     latency_s: float
     result: dict[str, Any] | None = None
     failure: FakeFailure | None = None
+    attempts: int = 1  # sends (RolloutOutcome.attempts: > 1 after re-sends on connection errors)
 
 
 P0, G0, E0, G1, E1, G2 = [1, 2, 3], [10, 11], [90, 91, 92], [12, 13, 14], [93], [15]

@@ -84,5 +84,27 @@ def test_missing_section_is_an_error_not_a_default(cfg):
 
 def test_secret_is_not_printed(cfg):
     cfg["nemo_gym"]["policy_api_key"] = "sk-very-secret"
+    cfg["nemo_gym"]["access"] = {"require_key": False}  # with the run's key Gym would not send it (next test)
     rc = load_config(cfg)
     assert "sk-very-secret" not in repr(rc) and rc.gym.policy_api_key.get_secret_value() == "sk-very-secret"
+
+
+def test_policy_api_key_with_the_run_key_is_refused_naming_the_variable(cfg):
+    cfg["nemo_gym"]["policy_api_key"] = "sk-very-secret"
+    message = config_error(cfg)
+    assert "NGV_ROLLOUT_API_KEY" in message and "access.require_key=false" in message, message
+    assert "sk-very-secret" not in message
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("auto", "auto"), (True, "true"), (False, "false"), ("false", "false")]
+)
+def test_access_section_reads_yaml_booleans(cfg, value, expected):
+    cfg["nemo_gym"]["access"] = {"local_only": value}
+    access = load_config(cfg).gym.access
+    assert (access.require_key, access.local_only) == (True, expected)
+
+
+def test_access_local_only_names_the_key(cfg):
+    cfg["nemo_gym"]["access"] = {"local_only": "sometimes"}
+    assert "nemo_gym.access.local_only" in config_error(cfg)

@@ -1,5 +1,5 @@
 """The tree shows the architecture: every module of the library sits in its component's package, imports point one
-way (recipe -> rollouts -> gym / vllm / sglang -> data / tokens -> plumbing; the two engines' packages never import
+way (recipe -> rollouts -> gym / vllm / sglang -> access / data / tokens -> plumbing; the two engines' packages never import
 each other) and no two modules import each other, directly or round a loop -- lazy imports inside functions and
 ``TYPE_CHECKING`` imports included.
 
@@ -20,6 +20,7 @@ PLUMBING = {
     "config",
     "recipe_config",
     "recipe_checks",
+    "recipe_sampling",
     "console",
     "errors",
     "paths",
@@ -35,6 +36,7 @@ PLUMBING = {
 }
 RANK = {
     "plumbing": 0,
+    "access": 1,
     "tokens": 1,
     "data": 1,
     "demo_models": 1,

@@ -75,13 +75,17 @@ def test_gdpo_on_the_legacy_trainer_reads_its_keys(cfg):
     assert rc.adv_estimator == "gdpo" and rc.gdpo_reward_keys == ["correctness", "format"]
 
 
-def test_gdpo_on_the_v1_trainer_is_a_start_up_error_naming_the_key(cfg):
-    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=["correctness"])
+def test_gdpo_runs_on_both_trainers_and_reads_its_keys_and_the_filter_component_per_sample(cfg):
+    """GDPO on the v1 trainer is no longer refused (recipe.nemo_gym.gdpo hands verl's estimator the components); the
+    components the trainer reads are GDPO's keys and the group filter's metric when it names one."""
+    cfg["algorithm"].update(adv_estimator="gdpo", gdpo_reward_keys=["correctness", "format"])
+    assert load_config(cfg).required_reward_components == ("correctness", "format")  # legacy
     cfg["trainer"]["use_v1"] = True
     cfg["actor_rollout_ref"]["rollout"]["agent"]["agent_loop_manager_class"] = MANAGER_CLASS_V1
-    message = config_error(cfg)
-    assert "algorithm.adv_estimator='gdpo'" in message and "trainer.use_v1=false" in message, message
-    assert "_compute_advantage" in message, message
+    cfg["algorithm"]["filter_groups"] = {"enable": True, "metric": "schema_valid"}
+    assert load_config(cfg).required_reward_components == ("correctness", "format", "schema_valid")
+    cfg["algorithm"].update(adv_estimator="masked_grpo", filter_groups={"enable": True, "metric": "gym_outcome"})
+    assert load_config(cfg).required_reward_components == ()  # Gym's reward is always there
 
 
 @pytest.mark.parametrize("keys", [None, [], [""]])

@@ -20,7 +20,8 @@ def test_valid_config_reads_the_verl_keys(cfg):
     rc = load_config(cfg)
     assert isinstance(rc, RecipeConfig)
     assert (rc.prompt_length, rc.response_length, rc.max_model_len, rc.n) == (256, 128, None, 4)
-    assert (rc.temperature, rc.top_p, rc.val_temperature, rc.val_top_p) == (1.0, 1.0, 0.0, 1.0)
+    assert (rc.sampling.temperature, rc.sampling.top_p, rc.sampling.top_k) == (1.0, 1.0, -1)
+    assert (rc.val_sampling.temperature, rc.val_sampling.top_p, rc.val_sampling.top_k) == (0.0, 1.0, -1)
     assert rc.gym.config_paths == [GYM_CONFIG]
 
 

@@ -34,6 +34,7 @@ import pytest
 from nemo_gym_adapter.vllm import hooks as vllm_hooks
 from nemo_gym_adapter.vllm import patch as vllm_patch
 from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, follow_up, piecewise, plain_messages
+from tests.support.hostile_ids import HOSTILE_IDS, assert_refused_on_both_routes
 
 MAX_MODEL_LEN = 1024
 FAMILIES = ["qwen25", "qwen3", "llama3"]
@@ -675,3 +676,51 @@ def test_stock_0_24_answers_these_requests_the_way_issue_19_describes(servers, u
     assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
     r = server.chat(hi, max_tokens=3, logprobs=True, top_logprobs=0)
     assert r.status_code == 200 and "generation_token_ids" not in r.json()["choices"][0]["message"], r.text
+
+
+# ----------------------------------------------------------------------------- issue 27: hostile ids, access
+
+
+@pytest.mark.parametrize(("where", "bad", "fragment"), HOSTILE_IDS)
+def test_hostile_ids_are_one_400_on_chat_and_tokenize_alike(servers, patched, where, bad, fragment):
+    """Every id is checked against the engine's vocabulary inside the splice, once, on both routes (issue 27): chat
+    and ``/tokenize`` answer the same 400 naming the message, field and element, before the engine sees anything."""
+    server = servers("qwen25")
+    calls = len(server.engine.calls)
+    assert_refused_on_both_routes(server.post, where, bad, fragment)
+    assert len(server.engine.calls) == calls  # nothing reached the engine
+
+
+def test_the_access_guard_refuses_every_route_of_vllm_0_24s_app_without_the_key(servers, patched):
+    """The guard (``nemo_gym_adapter.access.guard``) on vLLM 0.24's real app: every route it serves answers 401
+    without the run's key, before any route runs (0.24's own ``--api-key`` leaves all but /v1, /v2 and
+    /inference open); with the key the routes answer as before; removed, the app is open again (the control)."""
+    import httpx
+
+    from nemo_gym_adapter.access import guard
+
+    server = servers("qwen25")
+    paths = sorted({r.path for r in server.app.routes if hasattr(r, "path")})
+    assert {"/health", "/tokenize", "/v1/chat/completions", "/v1/completions", "/metrics"} <= set(paths), paths
+
+    def status(path: str, headers: dict | None = None) -> int:
+        async def go():
+            transport = httpx.ASGITransport(app=server.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://vllm024") as client:
+                return (await client.post(path.replace("{", "x").replace("}", ""), headers=headers)).status_code
+
+        return server.run(go())
+
+    calls = len(server.engine.calls)
+    guard.install_guard(["the-run-key"])
+    try:
+        opened = {p: s for p in paths if (s := status(p)) != 401}
+        assert not opened, opened
+        assert status("/v1/chat/completions", {"Authorization": "Bearer other"}) == 401
+        assert len(server.engine.calls) == calls
+        r = server.post("/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 401  # the helper sends no key
+        assert status("/tokenize", {"Authorization": "Bearer the-run-key"}) != 401
+    finally:
+        guard.remove_guard()
+    assert status("/health") != 401  # the control: without the guard, 0.24 answers without a key

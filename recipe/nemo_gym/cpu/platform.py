@@ -229,12 +229,19 @@ def init_gloo_process_group() -> None:
     verl's ``initialize_global_process_group_ray`` asks for ``"cpu:gloo,<device>:<backend>"``, which on
     this platform is ``"cpu:gloo,cpu:gloo"`` and torch rejects ("Duplicate device type cpu"). It skips its
     own initialisation when a process group exists, so we create one first. No-op when one exists.
+
+    A single rank rendezvous with itself through an in-memory store: torch's ``env://`` rendezvous starts a TCPStore
+    server on MASTER_PORT, and torch 2.13 binds it on every interface whatever MASTER_ADDR says (measured with
+    ``ss -ltnp``, libuv and classic backends alike): the one socket of a one-host run that would otherwise listen
+    beyond loopback (docs/CLUSTER.md). Several ranks still rendezvous over TCP.
     """
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
-    dist.init_process_group(backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.HashStore() if world_size == 1 else None
+    dist.init_process_group(backend="gloo", rank=rank, world_size=world_size, store=store)
 
 
 # verl's worker classes that get a CPU variant: (our class name) -> (verl's module, verl's class name).

@@ -10,17 +10,24 @@ places one CPU vLLM replica on each rank's node. Then:
   Gym on loopback (nothing on another host calls it) and runs multi-turn rollouts through both replicas;
 - attach mode: Gym runs as a service on host 3 (``nemo_gym_adapter.gym.service``, listening on host 3's address
   because host 1 attaches), the manager attaches with ``nemo_gym.head_url`` and runs the same rollouts;
+- who listens where, per host (``ss -ltnp`` in each namespace, our processes only): Gym's servers and Gym's Ray on
+  loopback, each replica's HTTP port on its own host's address and refusing requests without the run's rollout key
+  (``NGV_ROLLOUT_API_KEY``, given to the trainer and to the Gym service alike), and nothing else beyond the Ray
+  ports docs/CLUSTER.md lists;
 - teardown leaves no process of ours on any host and no namespace or link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator
 
 import pytest
 
@@ -76,13 +83,31 @@ def bed():
     if ray.is_initialized():
         pytest.fail("a Ray cluster is already up in this process; this module needs the bed's")
     mode = os.environ.get("NGV_MULTIHOST_MODE", "auto")  # "loopback": the fallback, where namespaces cannot be made
-    bed = MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}, mode=mode).start()
+    with chosen_rollout_key():
+        bed = MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}, mode=mode).start()
+        try:
+            yield bed
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            bed.close()
+
+
+@contextlib.contextmanager
+def chosen_rollout_key() -> Iterator[dict[str, str]]:
+    """The run's rollout key, chosen in ``NGV_ROLLOUT_API_KEY`` for the block (attach mode needs one both sides know:
+    the trainer and the Gym service read it); yields the header a test's own requests to the replicas send."""
+    from nemo_gym_adapter.access.key import ENV, bearer
+
+    previous = os.environ.get(ENV)
+    os.environ[ENV] = "multihost-" + secrets.token_urlsafe(24)
     try:
-        yield bed
+        yield bearer(os.environ[ENV])
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        bed.close()
+        if previous is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = previous
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +232,7 @@ def test_start_mode_replicas_on_their_own_hosts_patched_and_gym_on_loopback(bed,
         assert manager.gym.spec.ray_head_node_address == manager.ray_head.address
         # ... and Gym's launch ran in the warm launcher started next to it (nemo_gym.warm_launcher, the default)
         assert manager.gym.warm, manager.warm
+        _check_listeners(bed, manager, gym_service)
         rollout_s = _rollouts(cfg, manager)
         print(f"start mode: manager {manager.setup_seconds}, rollouts {rollout_s:.1f}s")
         gym_pids = manager.gym.pids() | manager.ray_head.pids()
@@ -249,6 +275,105 @@ def test_teardown_leaves_nothing_on_any_host(bed, verl_rollout):
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not [h.netns for h in bed.hosts if h.netns and h.netns in names]
     print(f"bed timings {bed.timings}")
+
+
+def _ours(bed, host) -> set[int]:
+    """Our pids on ``host``: what the bed started there (in a namespace: everything in it), on host 1 also this
+    process (the driver) and everything it started (Gym, Gym's Ray head)."""
+    import psutil
+
+    pids = bed.processes_on(host)
+    if host.index == 1:
+        pids |= {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
+    return pids
+
+
+# docs/CLUSTER.md's table, as the bed sees it: what each kind of process may listen on. A listener of ours that is none
+# of these fails the test (with the printed table); "any" = every interface, "address" = one non-loopback address.
+RAY_PROCESSES = (
+    "raylet",
+    "gcs_server",
+    "ray::",
+    "ray/dashboard",
+    "ray/autoscaler",
+    "ray.util.client.server",
+    "ray/_private",
+)
+GYM_PROCESSES = ("gym-server-venvs", "warm_boot.py", "gym env start")
+
+
+def _kind(item, host, gym_side: set[int], service_side: set[int]) -> tuple[str, set[str]]:
+    """(what the listener is, the scopes docs/CLUSTER.md allows it)."""
+    command = item.process
+    if item.pid in gym_side:
+        return "Gym started by the trainer, and its Ray head", {"loopback"}
+    if "gym-venv" in command and any(r in command for r in RAY_PROCESSES):
+        return "a Ray started from Gym's venv (one machine)", {"loopback"}
+    if item.pid in service_side or any(g in command for g in GYM_PROCESSES):
+        return "the attached Gym service (host 3)", {"address", "loopback"} if host.index == 3 else set()
+    if command.startswith("VLLM::EngineCore"):
+        return "vLLM's engine core (its own sockets, on the replica's address)", {"address"}
+    if any(r in command for r in RAY_PROCESSES) or (host.index == 1 and item.pid == os.getpid()):
+        return "Ray (its processes, every worker and actor, the driver)", {"any", "address", "loopback"}
+    return "not in docs/CLUSTER.md", set()
+
+
+def _check_listeners(bed, manager, service) -> None:
+    """Who listens where (module docstring): printed per host, then each listener checked against docs/CLUSTER.md's
+    table (:func:`_kind`); Gym's side on loopback, each replica's HTTP port on its own host's address refusing a
+    request without the key, and a stranger on another host cannot reach the Gym the trainer started."""
+    import urllib.error
+    import urllib.request
+
+    import psutil
+
+    from tests.support.listeners import listeners, table
+
+    seen = {h.name: listeners(h.netns, _ours(bed, h)) for h in bed.hosts}
+    for host in bed.hosts:
+        print(f"listeners on {host.name} ({host.address}):\n{table(seen[host.name])}")
+    if bed.mode != "netns":
+        return  # loopback mode: one namespace, every "host" on 127.77.0.x
+
+    def tree(pids: set[int]) -> set[int]:
+        out = set(pids)
+        for pid in pids:
+            try:
+                out |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+            except psutil.Error:
+                pass
+        return out
+
+    gym_side = tree(set(manager.gym.pids()) | set(manager.ray_head.pids()))
+    from nemo_gym_adapter.procs import session_members
+
+    service_side = tree({service.pid, *session_members(service.pid)})  # the attach test's Gym service on host 3
+    unlisted = []
+    for host in bed.hosts:
+        for item in seen[host.name]:
+            kind, allowed = _kind(item, host, gym_side, service_side if host.index == 3 else set())
+            if item.scope not in allowed or (
+                item.scope == "address" and item.host.strip("[]").removeprefix("::ffff:") != host.address
+            ):
+                unlisted.append((host.name, kind, item))
+    assert not unlisted, "listeners beyond docs/CLUSTER.md:\n" + "\n".join(f"{h}: {k}: {i}" for h, k, i in unlisted)
+    assert any(item.pid in gym_side for item in seen[bed.hosts[0].name])  # the control: Gym's listeners were found
+    # A stranger on another host cannot reach it: host 2 connecting to Gym's head port at host 1's address.
+    port = urllib.parse.urlsplit(manager.gym.head_url).port
+    probe = f"import socket; socket.create_connection(('{bed.hosts[0].address}', {port}), timeout=5)"
+    refused = subprocess.run(bed.hosts[1].command([sys.executable, "-c", probe]), capture_output=True, text=True)
+    assert refused.returncode != 0 and "ConnectionRefusedError" in refused.stderr, refused.stderr[-500:]
+    # Each replica's HTTP port: its own host's address, never every interface; a request without the key: 401.
+    for ep in manager.replica_endpoints:
+        host = next(h for h in bed.hosts if h.address == ep.host)
+        held = [item for item in seen[host.name] if item.port == ep.port]
+        assert held and {item.host for item in held} == {ep.host}, held
+        try:
+            urllib.request.urlopen(f"http://{ep.address}/health", timeout=30)
+            status = 200
+        except urllib.error.HTTPError as e:
+            status = e.code
+        assert status == 401, ep
 
 
 def _ready_line(proc, timeout: float) -> dict:

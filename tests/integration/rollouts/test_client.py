@@ -186,13 +186,17 @@ def _requests_running(vllm_server) -> float:
     )
 
 
-def long_answer(row: dict[str, Any], tokens: int = 100) -> dict[str, Any]:
-    """A row whose model call is forced to generate ~``tokens`` tokens (so it is surely in flight when we kill)."""
-    extra_body = {"structured_outputs": {"regex": f"(ab ){{{tokens}}}"}}
+def long_answer(row: dict[str, Any], tokens: int = 800) -> dict[str, Any]:
+    """A row whose model call generates exactly ``tokens`` tokens (so it is surely in flight when we kill).
+
+    ``ignore_eos`` with the budget, not a grammar: a structured-output request waits for its grammar before vLLM
+    schedules it, and with a forced regex the five rows never all ran at once on a loaded machine (CI: the batch
+    ended before the trigger fired). Without one, every request is scheduled as soon as it arrives.
+    """
     params = {
         **row["responses_create_params"],
-        "max_output_tokens": tokens * 3,
-        "metadata": {"extra_body": json.dumps(extra_body)},
+        "max_output_tokens": tokens,
+        "metadata": {"extra_body": json.dumps({"ignore_eos": True, "min_tokens": tokens})},
     }
     return {**row, "responses_create_params": params}
 
@@ -205,7 +209,7 @@ def test_killed_agent_server_mid_batch_gives_server_down_records_not_a_hang(gym,
 
     Gym's legacy_agent relay retries a dead agent forever; the liveness guard (``nemo_gym_adapter.gym.liveness``) sees
     the agent die and cuts its rows as ``server_down`` within about a probe interval. The kill waits until vLLM runs
-    as many requests as there are string_match rows (forced ~200-token answers); every string_match row still in
+    as many requests as there are string_match rows (forced 800-token answers); every string_match row still in
     flight then must end ``server_down`` (one that was verified before the kill may end ok: the gauge counts tool rows
     too), and a tool-env row may end ``server_down`` only if Gym's launcher -- which polls its children once a minute
     and then stops every server -- is gone by the end of the batch.
@@ -233,8 +237,10 @@ def test_killed_agent_server_mid_batch_gives_server_down_records_not_a_hang(gym,
         started = loop.time()
         run = asyncio.ensure_future(client.run(rows, {"temperature": 1.0}, guard=guard))
         try:
-            while await asyncio.to_thread(_requests_running, vllm_server) < len(match):
-                assert not run.done(), "the batch ended before every string_match row was in flight"
+            most = 0.0
+            while (running := await asyncio.to_thread(_requests_running, vllm_server)) < len(match):
+                most = max(most, running)
+                assert not run.done(), f"the batch ended before every string_match row was in flight (most {most})"
                 await asyncio.sleep(0.05)
             _kill_tree(server_pids[MATCH_AGENT])
             killed_at = loop.time()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.sglang.cases import FAMILIES  # importable here: it imports SGLang only inside its fixtures
+from tests.support.hostile_ids import HOSTILE_IDS
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +35,9 @@ def _venv_python() -> Path:
 
 
 def _expected_count() -> int:
-    """Test cases written in the case files: test functions times their parametrize lengths (literal lists)."""
-    lengths = {"FAMILIES": len(FAMILIES)}
+    """Test cases written in the case files: test functions times their parametrize lengths (literal lists, or a
+    list named here)."""
+    lengths = {"FAMILIES": len(FAMILIES), "HOSTILE_IDS": len(HOSTILE_IDS)}
     total = 0
     for path in CASES:
         for node in ast.parse(path.read_text()).body:

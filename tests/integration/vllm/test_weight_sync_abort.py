@@ -142,6 +142,9 @@ def _aborted(server: VllmServer, path: str) -> tuple[int, dict]:
     return answer["r"]
 
 
+# The slow tier (CI budget; docs/CI.md): the control starts its own unpatched server (42 s of a fresh clone's CI); the
+# patched cases below run by default, and tests/unit/vllm/test_abort.py reads the same stock answer shape.
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_stock_vllm_answers_an_aborted_generation_as_a_cut_success(stock, path):
     """The control: no error, ``finish_reason="abort"``, a prefix of the forced text."""

@@ -3,30 +3,19 @@ hand-edited), in math_with_judge's row format, with a validation split the train
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("make_arith_data", REPO / "scripts" / "make_arith_data.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.support.row_scripts import assert_regenerated, load_script
 
 
 def test_the_committed_rows_are_the_generators_output(tmp_path):
-    script = _script()
+    script = load_script("make_arith_data")
     assert script.main(["--out", str(tmp_path)]) == 0
-    for name in (script.TRAIN_FILE, script.VAL_FILE):
-        assert (tmp_path / name).read_bytes() == (REPO / "configs" / "data" / name).read_bytes(), name
+    assert_regenerated(script, tmp_path, (script.TRAIN_FILE, script.VAL_FILE))
 
 
 def test_validation_is_disjoint_from_training_and_rows_are_gym_rows():
-    script = _script()
+    script = load_script("make_arith_data")
     train, val = script.make(512, 96, 2025)
     assert len(train) == 512 and len(val) == 96
     assert not {r["question"] for r in train} & {r["question"] for r in val}

@@ -4,7 +4,6 @@ interpreter here, as Gym runs it) answers for its word and accepts as the right 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -12,20 +11,11 @@ from pathlib import Path
 import pytest
 
 from nemo_gym_adapter import paths
+from tests.support.row_scripts import assert_regenerated, load_script
 
 REPO = Path(__file__).resolve().parents[3]
 DATA = REPO / "configs" / "gym" / "data"
 SERVER = REPO / "gym_servers" / "resources_servers" / "toy_latency"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "make_toy_latency_data", REPO / "scripts" / "make_toy_latency_data.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _rows() -> list[dict]:
@@ -33,9 +23,9 @@ def _rows() -> list[dict]:
 
 
 def test_the_committed_rows_are_the_generators_output(tmp_path):
-    _script().main(["--out", str(tmp_path)])
-    for name in ("toy_latency.jsonl", "toy_latency_val.jsonl"):
-        assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
+    assert_regenerated(
+        load_script("make_toy_latency_data"), tmp_path, ("toy_latency.jsonl", "toy_latency_val.jsonl"), DATA
+    )
 
 
 def test_every_reply_choice_is_a_tool_call_and_the_right_one_is_offered():

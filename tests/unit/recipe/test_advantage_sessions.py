@@ -81,6 +81,8 @@ def test_the_v1_trainer_mixin_hands_the_batch_keys_to_the_estimator():
     seen = []
 
     class Base:
+        config = SimpleNamespace(algorithm=SimpleNamespace(adv_estimator=MASKED_GRPO))  # verl's trainers have one
+
         def _compute_advantage(self, batch, metrics):
             seen.append(advantage.SESSION_KEYS.get())
             return batch

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tensordict import TensorDict
 
+from nemo_gym_adapter.recipe_sampling import SamplingSettings
 from nemo_gym_adapter.rollouts.core import RowResult
 from nemo_gym_adapter.rollouts.outcome import trajectories_from_outcome
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
@@ -59,6 +60,7 @@ class FakeCore:
         self.calls: list[dict[str, Any]] = []
         self.rng = random.Random(seed)
         self.config = config
+        self.client = SimpleNamespace(resends=0)  # RolloutClient.resends: rows sent again after connection errors
 
     async def run_step(self, rows, envs, overrides=None, *, on_row=None, desc=""):
         self.calls.append({"rows": list(rows), "envs": list(envs), "overrides": dict(overrides or {})})
@@ -79,7 +81,8 @@ class FakeCore:
                 result = handmade_multiturn(P0, [G0, G1], [E0], reward=reward)
                 if "components" in rows[i]:
                     result = {**result, "reward_components": rows[i]["components"], "accuracy": reward}
-                outcome = FakeOutcome(i, 0.1, result=result)
+                outcome = FakeOutcome(i, 0.1, result=result, attempts=1 + rows[i].get("resent", 0))
+            self.client.resends += outcome.attempts - 1
             samples = trajectories_from_outcome(outcome, env_name=envs[i], config=self.config)
             await asyncio.sleep(0)
             await on_row(RowResult(i, envs[i], outcome, samples[0], samples if len(samples) > 1 else ()))
@@ -91,11 +94,10 @@ def manager(core: FakeCore, n: int = 3) -> NemoGymAgentLoopManagerTQ:
     m.core = core
     m.recipe = SimpleNamespace(
         n=n,
-        temperature=1.0,
-        top_p=1.0,
-        val_temperature=0.0,
-        val_top_p=1.0,
+        sampling=SamplingSettings(temperature=1.0, top_k=20),
+        val_sampling=SamplingSettings(temperature=0.0, top_k=20),
         response_length=32,
+        required_reward_components=(),
         gym=SimpleNamespace(metrics=SimpleNamespace(success_threshold=None, gym_aggregate=False)),
         filter_groups_metric="gym_outcome",
     )
@@ -137,7 +139,7 @@ def run(m: NemoGymAgentLoopManagerTQ, fake_tq: FakeTransferQueue, monkeypatch, b
 def test_every_sample_is_put_as_it_returns_and_the_group_finishes_after_its_last_sample(monkeypatch):
     fake_tq, core = FakeTransferQueue(), FakeCore()
     m = manager(core, n=3)
-    run(m, fake_tq, monkeypatch, prompts({"q": 0}, {"fail": True}, {"q": 2}))
+    run(m, fake_tq, monkeypatch, prompts({"q": 0}, {"fail": True}, {"q": 2, "resent": 1}))
     assert len(core.calls) == 1 and len(core.calls[0]["rows"]) == 9  # 3 prompts x n=3, one core step
     puts = [e for e in fake_tq.events if e[0] == "put"]
     assert sorted(e[2] for e in puts) == sorted(f"u{p}_{s}_0" for p in range(3) for s in range(3))
@@ -160,7 +162,10 @@ def test_every_sample_is_put_as_it_returns_and_the_group_finishes_after_its_last
     metrics = m.drain_metrics()
     assert metrics["gym/all/num_samples"] == 9 and metrics["gym/all/masked_rate/timeout"] == pytest.approx(3 / 9)
     assert "gym/env_a/reward_mean" in metrics and "gym/timing/tq_put_s" in metrics and "gym/timing/build_s" in metrics
-    assert m.drain_metrics()["gym/v1/batches_in_flight"] == 0 and "gym/all/num_samples" not in m.drain_metrics()
+    assert metrics["gym/client/resends"] == metrics["gym/client/resends_total"] == 3.0  # prompt 2's 3 samples, once
+    again = m.drain_metrics()
+    assert again["gym/v1/batches_in_flight"] == 0 and "gym/all/num_samples" not in again
+    assert again["gym/client/resends"] == 0.0 and again["gym/client/resends_total"] == 3.0
 
 
 def test_a_failing_put_marks_every_unfinished_group_failure_and_raises(monkeypatch):
@@ -205,6 +210,8 @@ def test_rollout_n_per_prompt_and_greedy_prompts_run_as_their_own_step(monkeypat
     run(m, fake_tq, monkeypatch, batch)
     by_temperature = {c["overrides"]["temperature"]: len(c["rows"]) for c in core.calls}
     assert by_temperature == {1.0: 3, 0.0: 2}
+    top_k = {c["overrides"]["temperature"]: c["overrides"]["metadata.extra_body"]["top_k"] for c in core.calls}
+    assert top_k == {1.0: 20, 0.0: -1}  # greedy prompts: verl's apply_greedy_sampling_params, top-k off too
     puts = [e for e in fake_tq.events if e[0] == "put"]
     assert all("__rollout_n__" not in e[3] and "__do_sample__" not in e[3] for e in puts)
 
@@ -316,3 +323,20 @@ def test_validation_samples_carry_no_reward_extra_info_and_are_put_at_once(monke
     puts = [e for e in fake_tq.events if e[0] == "put"]
     assert len(puts) == 2 and all("reward_extra_info" not in e[3]["extra_fields"] for e in puts)
     assert "gym/all/groups/finished" not in m.drain_metrics()
+
+
+def test_every_training_sample_carries_every_gdpo_key_and_its_own_components(monkeypatch):
+    """What GDPO on v1 reads (recipe.nemo_gym.gdpo): every training sample's reward_extra_info has each GDPO key --
+    a masked one its group's value, 0 in an all-masked group -- and extra_fields.gym_reward_components has only what
+    its own result returned (nothing for a masked sample without a result)."""
+    fake_tq, core = FakeTransferQueue(), FakeCore()
+    m = manager(core, n=2)
+    m.recipe.required_reward_components = ("correct", "format")
+    mixed = {"reward": 1.0, "fail_once": True, "components": {"correct": 1.0, "format": 0.0}}
+    run(m, fake_tq, monkeypatch, prompts(mixed, {"fail": True}))
+    puts = {e[2]: e[3]["extra_fields"] for e in fake_tq.events if e[0] == "put"}
+    for key, extra in puts.items():
+        assert {"correct", "format"} <= set(extra["reward_extra_info"]), (key, extra)
+    assert {puts[f"u1_{s}_0"]["reward_extra_info"]["correct"] for s in range(2)} == {0.0}  # all masked: 0
+    own = sorted(tuple(sorted(puts[f"u0_{s}_0"]["gym_reward_components"].items())) for s in range(2))
+    assert own == [(), (("correct", 1.0), ("format", 0.0))]  # the masked one returned nothing of its own

@@ -13,6 +13,29 @@ from recipe.nemo_gym.resolvers import register_resolvers
 PRIMARY_CONFIGS = sorted(p.stem for p in Path(CONFIG_DIR).glob("*.yaml"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def demo_models_named_not_converted(tmp_path_factory):
+    """``${ngv_demo_model:<name>}`` resolves to a directory name without converting anything: composing the tool
+    model's config converted the 0.5B model (478 MB of wheels, ~65 s; 110 s of a fresh clone's CI in this unit test).
+    The name is still checked against the manifests; the real resolver is restored after the module (and converting
+    is tested in tests/unit/demo_models/, and by every real-model launch)."""
+    from omegaconf import OmegaConf
+
+    from nemo_gym_adapter.demo_models.manifests import MANIFESTS
+    from recipe.nemo_gym import resolvers
+
+    register_resolvers()
+    root = tmp_path_factory.mktemp("demo-models")
+
+    def named_only(name: str) -> str:
+        assert name in MANIFESTS, name
+        return str(root / name)
+
+    OmegaConf.register_new_resolver("ngv_demo_model", named_only, use_cache=True, replace=True)
+    yield
+    OmegaConf.register_new_resolver("ngv_demo_model", resolvers.demo_model, use_cache=True, replace=True)
+
+
 def _compose(name: str, overrides: tuple[str, ...] = ()):
     from hydra import compose, initialize_config_dir
 
@@ -27,6 +50,7 @@ def test_the_shipped_configs_are_the_expected_ones():
         "nemo_gym_cpu_latency",
         "nemo_gym_cpu_multi_env",
         "nemo_gym_cpu_qwen_tools",
+        "nemo_gym_cpu_qwen_weather",
         "nemo_gym_cpu_smollm2_math",
         "nemo_gym_cpu_toy",
         "nemo_gym_multi_env",

@@ -73,8 +73,10 @@ def test_shutdown_undoes_start_up_newest_first_and_goes_on_after_a_failure(cfg):
 
 def test_sampling_follows_train_or_validation_settings(cfg):
     manager = FakeManager(cfg, llm_client=None)
-    assert manager.sampling_overrides(False) == {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 128}
-    assert manager.sampling_overrides(True)["temperature"] == 0.0
+    engine = {"top_k": -1, "repetition_penalty": 1.0, "ignore_eos": False}  # verl's defaults, sent all the same
+    train = {"temperature": 1.0, "top_p": 1.0, "max_output_tokens": 128, "metadata.extra_body": engine}
+    assert manager.sampling_overrides(False) == train
+    assert manager.sampling_overrides(True) == {**train, "temperature": 0.0}
     with pytest.raises(AdapterError, match="teacher"):
         FakeManager(cfg, llm_client=None, teacher_client={"t": object()})
 

@@ -12,6 +12,7 @@ from nemo_gym_adapter.recipe_checks import MASKABLE_ESTIMATORS
 from recipe.nemo_gym import masked_estimators
 from recipe.nemo_gym.advantage import compute_masked_grpo_outcome_advantage
 from recipe.nemo_gym.masked_estimators import exclude_masked
+from tests.support.verl_estimators import restored_estimators
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -33,18 +34,9 @@ def _batch(scores, masked=(), n=4):
 @pytest.fixture
 def installed():
     """install() in this process, undone afterwards (other tests compare with verl's own estimators)."""
-    from verl.trainer.ppo import core_algos
-
-    registry = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
-    direct = core_algos.compute_grpo_outcome_advantage
-    had = core_algos.__dict__.get("__ngv_exclude_masked_installed__")
-    masked_estimators.install()
-    yield core_algos
-    core_algos.ADV_ESTIMATOR_REGISTRY.clear()
-    core_algos.ADV_ESTIMATOR_REGISTRY.update(registry)
-    core_algos.compute_grpo_outcome_advantage = direct
-    if had is None:
-        core_algos.__dict__.pop("__ngv_exclude_masked_installed__", None)
+    with restored_estimators() as core_algos:
+        masked_estimators.install()
+        yield core_algos
 
 
 def _verl(name):

@@ -86,6 +86,25 @@ def test_failure_kind_alone_is_a_valid_sample_unless_configured():
     assert build(payload, strict).masked_reason is MaskReason.FAILURE_KIND
 
 
+def test_a_result_without_a_component_the_trainer_reads_is_masked_never_filled():
+    """Issue 26 item 4: a valid result lacking a GDPO key (or the group filter's component) is masked
+    missing_reward_component, keeping what it did return; its tokens are fine, so a token problem would win."""
+    gdpo = TrajectoryConfig(prompt_length=64, response_length=64, required_components=("correctness", "format"))
+    payload = handmade_multiturn(P0, [G0, G1], [E0], reward=1.0)
+    payload["reward_components"] = {"format": 1.0}
+    t = build(payload, gdpo)
+    assert t.masked_reason is MaskReason.MISSING_REWARD_COMPONENT and t.reward == 0.0 and t.gym_reward == 1.0
+    assert "['correctness']" in t.detail and "['format']" in t.detail
+    assert t.numeric["reward_components/format"] == 1.0 and t.response_ids.size == 0
+    assert not build(payload).masked  # a component nobody reads: trained as returned
+    payload["reward_components"]["correctness"] = 0.0
+    assert not build(payload, gdpo).masked
+    broken = handmade_multiturn(P0, [G0], [])
+    del broken["response"]["output"][-1]["generation_token_ids"]  # a model call without ids, and no components
+    del broken["response"]["output"][-1]["prompt_token_ids"], broken["response"]["output"][-1]["generation_log_probs"]
+    assert build(broken, gdpo).masked_reason is MaskReason.MISSING_TOKEN_IDS
+
+
 def test_context_overflow_on_a_later_call():
     output = handmade_multiturn(P0, [G0, G1], [E0])["response"]["output"][:-1]  # drop the final call ...
     output.append(handmade_message(""))  # ... vLLM 400 → empty message without ids

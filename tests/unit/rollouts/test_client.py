@@ -78,6 +78,7 @@ async def test_connection_drops_are_retried_up_to_the_cap(fake_server):
     batch[1]["fake"]["drop_first"] = 99  # never recovers
     async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast(max_connection_retries=2)) as client:
         out = await client.run(batch)
+        assert client.resends == 4  # 2 + 2 re-sends after connection errors, counted (core.resend_metrics)
     assert out[0].ok and out[0].attempts == 3
     assert out[1].failure.reason == "connection" and out[1].attempts == 3 and fake_server.hits["1"] == 3
     assert out[2].ok and out[2].attempts == 1
@@ -152,6 +153,7 @@ async def test_overrides_reach_the_server_and_rows_stay_untouched(fake_server):
     assert batch == before
     sent = out[0].result["echo"]["responses_create_params"]
     assert sent == {"input": "q0", "temperature": 1.0, "max_output_tokens": 64}
+    assert client.resends == 0
     assert out[0].result["echo"]["agent_ref"] == {"name": "agent_a"}
 
 
@@ -251,7 +253,10 @@ def test_apply_overrides_never_mutates_and_skips_none(params, overrides):
     body = apply_overrides(row, "a", overrides)
     assert json.dumps(row, sort_keys=True) == before
     for key, value in overrides.items():
-        assert body["responses_create_params"].get(key) == (value if value is not None else params.get(key))
+        own = params.get(key)
+        if value is not None and key == "max_output_tokens" and isinstance(own, int) and not isinstance(own, bool):
+            value = min(own, value) if own >= 1 else value  # a cap on the row's own budget (rollouts.sampling)
+        assert body["responses_create_params"].get(key) == (value if value is not None else own)
     assert body["agent_ref"] == {"name": "a"} and body["task_source"] == "x"
 
 

@@ -45,7 +45,9 @@ async def test_every_row_yields_one_result_in_input_order_with_training_metrics(
     assert step.trajectories[4].masked_reason is MaskReason.UNROUTABLE
     assert all(t.response_ids.tolist() == G0 + E0 + G1 for t in step.trajectories[:4])
     # The same metrics as training computes, plus the step's timings.
-    assert {k: v for k, v in step.metrics.items() if "/timing/" not in k} == compute_metrics(step.trajectories)
+    own = {k: v for k, v in step.metrics.items() if "/timing/" not in k and "/client/" not in k}
+    assert own == compute_metrics(step.trajectories)
+    assert step.metrics["gym/client/resends"] == step.metrics["gym/client/resends_total"] == 0.0
     assert step.metrics["gym/agent_a/reward_mean"] == 0.5 and step.metrics["gym/all/masked_rate/unroutable"] == 0.2
     assert step.metrics["gym/timing/rollout_s"] == step.timings["rollout_s"] > 0
     assert fake_server.bodies[0]["responses_create_params"]["temperature"] == 0.5
@@ -212,3 +214,15 @@ def test_gc_pause_nests_and_leaves_a_disabled_collector_disabled():
         assert not gc.isenabled()  # the caller switched it off: it stays off
     finally:
         gc.enable()
+
+
+async def test_resends_after_connection_errors_are_counted_per_step_and_in_total(fake_server):
+    rows = [gym_row(i) for i in range(3)]
+    rows[0]["fake"]["drop_first"] = 2  # answered on its third send
+    rows[1]["fake"]["drop_first"] = 1
+    async with core_for(fake_server) as core:
+        first = await core.run_step(rows, ["agent_a"] * 3)
+        second = await core.run_step([gym_row(7)], ["agent_a"])
+    assert all(not t.masked for t in first.trajectories)
+    assert first.metrics["gym/client/resends"] == 3.0 and first.metrics["gym/client/resends_total"] == 3.0
+    assert second.metrics["gym/client/resends"] == 0.0 and second.metrics["gym/client/resends_total"] == 3.0

@@ -133,6 +133,34 @@ def test_malformed_ids_name_the_message_and_key(prompt, generation, key, fragmen
     assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("prompt", "generation", "where", "fragment"),
+    [
+        ([1, 2], [True, True], "generation_token_ids[0]", "True (bool)"),  # JSON true is not token 1
+        ([False, 2], [4], "prompt_token_ids[0]", "False (bool)"),
+        ([1, 2], [4, 100], "generation_token_ids[1]", "= 100 is out of vocabulary: the model's token ids are 0..99"),
+        ([1, 2**63], [4], "prompt_token_ids[1]", "out of vocabulary"),
+        ([1, "x" * 10_000], [4], "prompt_token_ids[1]", "'xxxxxx"),
+    ],
+)
+def test_ids_are_checked_against_the_vocabulary_naming_the_element(prompt, generation, where, fragment):
+    bad = {"role": "assistant", "content": "x", "prompt_token_ids": prompt, "generation_token_ids": generation}
+    with pytest.raises(TokenAlignmentError) as info:
+        last_tokenized_assistant([USER, bad], vocab_size=100)
+    assert f"messages[1].{where}" in str(info.value) and fragment in str(info.value)
+    assert len(str(info.value)) < 300  # a 10 kB id is not echoed back
+    ok = {**bad, "prompt_token_ids": [1, 2], "generation_token_ids": [99]}
+    assert last_tokenized_assistant([USER, ok], vocab_size=100) == (1, [1, 2, 99])  # the control: 99 is in
+
+
+def test_a_long_id_list_is_checked_in_c_passes():
+    ids = list(range(200_000))
+    ok = {"role": "assistant", "content": "x", "prompt_token_ids": ids, "generation_token_ids": [1]}
+    assert last_tokenized_assistant([USER, ok], vocab_size=200_000)[1][-1] == 1
+    with pytest.raises(TokenAlignmentError, match=r"prompt_token_ids\[199999\] = 199999 is out of vocabulary"):
+        last_tokenized_assistant([USER, ok], vocab_size=199_999)
+
+
 def test_messages_through_checks_range_and_role():
     messages = [USER, assistant([1], [2], [2]), TOOL]
     assert messages_through(messages, 1) == messages[:2]

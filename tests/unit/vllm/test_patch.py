@@ -348,8 +348,15 @@ def test_find_anchor_cases():
     # No assistant message at all (NeMo RL's merged-tokens case): the required prefix alone, index -1.
     alone = find_anchor(FakeChatRequest(messages=plain[:1], required_prefix_token_ids=[5]), plain[:1])
     assert (alone.index, alone.model_prefix, alone.from_messages) == (-1, [5], False)
-    with pytest.raises(TokenAlignmentError, match="required_prefix_token_ids must be"):
+    with pytest.raises(TokenAlignmentError, match=r"required_prefix_token_ids\[0\] must be .*'x' \(str\)"):
         find_anchor(FakeChatRequest(messages=plain, required_prefix_token_ids=["x"]), plain)
+    with pytest.raises(TokenAlignmentError, match="required_prefix_token_ids must be a list of token ids, got str"):
+        find_anchor(FakeChatRequest(messages=plain, required_prefix_token_ids="5 6"), plain)
+    # With the engine's vocabulary: an id past it is named, in a message and in the required prefix.
+    with pytest.raises(TokenAlignmentError, match=r"messages\[1\]\.generation_token_ids\[0\] = 2 is out of vocab"):
+        find_anchor(FakeChatRequest(messages=with_ids), with_ids, 2)
+    with pytest.raises(TokenAlignmentError, match=r"required_prefix_token_ids\[1\] = 6 is out of vocabulary"):
+        find_anchor(required, plain, 6)
 
 
 # ------------------------------------------------------------------------------------------ the wrapper, live
@@ -704,6 +711,17 @@ def test_launcher_takes_its_own_assistant_edits_flag_out_of_the_vllm_arguments()
     for bad in (["--ngv-assistant-edits", "drop"], ["--ngv-assistant-edits"]):
         with pytest.raises(AdapterConfigError, match="--ngv-assistant-edits must be one of"):
             pop_assistant_edits(bad)
+
+
+def test_launcher_reads_the_keys_vllm_would_require_under_v1():
+    """The standalone server guards every route with these (vLLM's own precedence: --api-key, else VLLM_API_KEY)."""
+    from nemo_gym_adapter.vllm.server import api_keys
+
+    assert api_keys(["--model", "m"], {}) == []
+    assert api_keys(["--model", "m"], {"VLLM_API_KEY": "env"}) == ["env"]
+    assert api_keys(["--api-key", "a", "b", "--port", "1"], {"VLLM_API_KEY": "env"}) == ["a", "b"]
+    assert api_keys(["--api-key=a", "--api-key", "c"], {}) == ["c"]  # argparse: the last flag wins
+    assert api_keys(["--api-key="], {"VLLM_API_KEY": ""}) == []
 
 
 def test_launcher_reads_and_refuses_several_api_servers():

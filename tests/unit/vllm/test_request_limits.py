@@ -102,6 +102,19 @@ async def test_completions_budget_is_clamped(patched_renderer, qwen_tokenizer):
     assert small.max_tokens == 4
 
 
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+async def test_a_budget_that_is_no_token_count_is_a_400_naming_it(patched_renderer, field):
+    """2**63 (issue 27's hostile class) is refused; the largest 32-bit count is still clamped (the control)."""
+    with pytest.raises(FakeVLLMValidationError, match=f"{field}={2**63} is not a token count") as info:
+        await _render(patched_renderer, FakeChatRequest(messages=_user(), **{field: 2**63}))
+    assert info.value.parameter == field
+    clamped = FakeChatRequest(messages=_user(), **{field: 2**31 - 1})
+    await _render(patched_renderer, clamped)
+    assert getattr(clamped, field) < MAX_MODEL_LEN
+    with pytest.raises(FakeVLLMValidationError, match="max_tokens=.* is not a token count"):
+        await patched_renderer.preprocess_completion(FakeCompletionRequest(max_tokens=2**63), "Paris", None)
+
+
 def test_completion_wrapper_is_installed_once(fake_vllm):
     modules = fake_vllm("0.31.0")
     vllm_patch.apply_patch()
