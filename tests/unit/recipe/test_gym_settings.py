@@ -51,3 +51,16 @@ def test_a_ray_head_address_goes_to_gym_and_early_or_gym_give_none(cfg):
         cfg["nemo_gym"]["ray_head"] = mode
         spec = gym_launch_spec(load_config(cfg, check_files=False).gym, ["10.0.0.1:8000"], "m", host="127.0.0.1")
         assert spec.ray_head_node_address == address, mode
+
+
+def test_guard_gym_hands_the_run_key_to_gyms_servers_and_only_then(cfg):
+    from pydantic import SecretStr
+
+    key = SecretStr("run-key")
+    gym = load_config(cfg, check_files=False).gym
+    assert gym_launch_spec(gym, ["10.0.0.1:8000"], "m", host="127.0.0.1", api_key=key).access_key is None
+    cfg["nemo_gym"]["access"] = {"guard_gym": True}
+    gym = load_config(cfg, check_files=False).gym
+    spec = gym_launch_spec(gym, ["10.0.0.1:8000"], "m", host="127.0.0.1", api_key=key)
+    assert spec.access_key is not None and spec.access_key.get_secret_value() == "run-key"
+    assert "run-key" not in repr(spec)
