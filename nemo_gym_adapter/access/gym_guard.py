@@ -106,6 +106,15 @@ def _sends_key(headers: Any) -> bool:
     return any(k.lower() == HEADER.lower() for k, _ in _pairs(headers))
 
 
+def _wrap_once(owner: Any, name: str, wrap: Any) -> None:
+    """``owner.name = wrap(owner.name)`` unless already wrapped here (the original kept under :data:`SENTINEL`)."""
+    original = getattr(owner, name)
+    if getattr(original, SENTINEL, None) is None:
+        wrapped = functools.wraps(original)(wrap(original))
+        setattr(wrapped, SENTINEL, original)
+        setattr(owner, name, wrapped)
+
+
 def patch_aiohttp(key: str, destinations: Destinations) -> bool:
     """Every ``aiohttp.ClientSession`` request of this process to ``destinations`` carries the key. False when aiohttp
     is not installed here."""
@@ -113,18 +122,16 @@ def patch_aiohttp(key: str, destinations: Destinations) -> bool:
         from aiohttp import client
     except ImportError:
         return False
-    original = client.ClientSession._request
-    if getattr(original, SENTINEL, None) is not None:
-        return True
 
-    @functools.wraps(original)
-    async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
-        if str_or_url in destinations and not _sends_key(kwargs.get("headers")):
-            kwargs["headers"] = [*_pairs(kwargs.get("headers")), (HEADER, key)]
-        return await original(self, method, str_or_url, **kwargs)
+    def wrap(original: Any) -> Any:
+        async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
+            if str_or_url in destinations and not _sends_key(kwargs.get("headers")):
+                kwargs["headers"] = [*_pairs(kwargs.get("headers")), (HEADER, key)]  # aiohttp takes pairs
+            return await original(self, method, str_or_url, **kwargs)
 
-    setattr(_request, SENTINEL, original)
-    client.ClientSession._request = _request
+        return _request
+
+    _wrap_once(client.ClientSession, "_request", wrap)
     return True
 
 
@@ -134,18 +141,16 @@ def patch_requests(key: str, destinations: Destinations) -> bool:
         from requests import sessions
     except ImportError:
         return False
-    original = sessions.Session.request
-    if getattr(original, SENTINEL, None) is not None:
-        return True
 
-    @functools.wraps(original)
-    def request(self: Any, method: str, url: Any, *args: Any, **kwargs: Any) -> Any:
-        if url in destinations and not _sends_key(kwargs.get("headers")):
-            kwargs["headers"] = {**dict(_pairs(kwargs.get("headers"))), HEADER: key}
-        return original(self, method, url, *args, **kwargs)
+    def wrap(original: Any) -> Any:
+        def request(self: Any, method: str, url: Any, *args: Any, **kwargs: Any) -> Any:
+            if url in destinations and not _sends_key(kwargs.get("headers")):
+                kwargs["headers"] = {**dict(_pairs(kwargs.get("headers"))), HEADER: key}
+            return original(self, method, url, *args, **kwargs)
 
-    setattr(request, SENTINEL, original)
-    sessions.Session.request = request  # type: ignore[method-assign]
+        return request
+
+    _wrap_once(sessions.Session, "request", wrap)
     return True
 
 
