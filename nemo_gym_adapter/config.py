@@ -26,7 +26,8 @@ in the README's keys table.
       startup_timeout_s: 600
       attach_timeout_s: 60
       policy_api_key: EMPTY          # what Gym sends the replicas when access.require_key is false
-      access: {require_key: true, local_only: auto}   # the run's rollout key on every replica route; loopback on one host
+      access: {require_key: true, local_only: auto,   # the run's rollout key on every replica route; loopback on one host
+               guard_gym: null}  # Gym's servers require the key too (null: whenever they can)
       env: {}                        # extra environment for Gym's processes
       patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
@@ -138,6 +139,14 @@ class AccessSection(_Section):
     # Every process of the run on 127.0.0.1 (Ray's one-machine mode): auto -- when the run is on one host (the recipe
     # starts its own Ray, trainer.nnodes=1, no Gym on another host) --, true (an error where it cannot be), false.
     local_only: Literal["auto", "true", "false"] = "auto"
+    # Every server of the Gym the run starts requires the run's key too (header X-NGV-Run-Key, access.gym_guard): Gym
+    # 0.7 has no authentication, so on loopback any other user of the host could send rows through Gym's agents to the
+    # run's replicas. Needs require_key and a Gym the run starts (not head_url); on by default where both hold.
+    guard_gym: bool | None = None
+
+    def guards_gym(self, attached: bool) -> bool:
+        """Whether Gym's servers require the key: ``guard_gym``, or by default (None) whenever they can."""
+        return self.guard_gym if self.guard_gym is not None else self.require_key and not attached
 
     @field_validator("local_only", mode="before")
     @classmethod
@@ -279,6 +288,11 @@ class NemoGymConfig(_Section):
                 "policy_api_key is set, but with access.require_key (the default) Gym sends the run's rollout key, "
                 "not policy_api_key: choose that key with the environment variable NGV_ROLLOUT_API_KEY instead (verl "
                 "prints the whole config: no secret belongs in it), or set nemo_gym.access.require_key=false"
+            )
+        if self.access.guard_gym is True and (not self.access.require_key or self.head_url is not None):
+            raise ValueError(
+                "access.guard_gym needs the run's rollout key (access.require_key: true) and a Gym this run starts "
+                "(head_url: null); a Gym you run yourself is yours to protect (docs/CLUSTER.md)"
             )
         if self.head_url is not None and self.config_paths:
             raise ValueError(

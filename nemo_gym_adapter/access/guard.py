@@ -43,15 +43,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_gym_adapter.errors import SetupError
+try:
+    from nemo_gym_adapter.errors import SetupError
+except ImportError:  # loaded by path inside a Gym process (access.gym_guard): the trainer's package is not there
+    SetupError = RuntimeError  # type: ignore[misc,assignment]
 
 logger = logging.getLogger(__name__)
 
 SENTINEL = "__ngv_original__"  # attribute on the installed wrapper, pointing at Starlette's own __call__
 REALM = "nemo-gym-verl"
 _LOCK = threading.Lock()
-# Process-wide, like the patch: SHA-256 digests of the accepted keys (empty: the guard lets everything through).
-_STATE: dict[str, tuple[bytes, ...]] = {"digests": ()}
+# Process-wide, like the patch: SHA-256 digests of the accepted keys (empty: the guard lets everything through), and
+# the header that carries the key (None: ``Authorization: Bearer <key>``; a Gym process: access.gym_guard.HEADER).
+_STATE: dict[str, Any] = {"digests": (), "header": None}
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,11 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
 
 
-def install_guard(keys: Iterable[str]) -> GuardReport:
+def install_guard(keys: Iterable[str], header: str | None = None) -> GuardReport:
     """Require one of ``keys`` on every HTTP and WebSocket request of every Starlette app in this process (the module
-    docstring). Idempotent: a second call replaces the accepted keys. Raises ``SetupError`` for no key (an empty key
-    would lock nothing out) or a Starlette without ``__call__``."""
+    docstring), as ``Authorization: Bearer <key>`` or, with ``header``, as that header's whole value (Gym's servers:
+    their own ``Authorization`` is Gym's business). Idempotent: a second call replaces the accepted keys. Raises
+    ``SetupError`` for no key (an empty key would lock nothing out) or a Starlette without ``__call__``."""
     digests = tuple(_digest(k) for k in dict.fromkeys(keys) if k)
     if not digests:
         raise SetupError("the rollout server's access guard needs at least one non-empty key")
@@ -89,6 +94,7 @@ def install_guard(keys: Iterable[str]) -> GuardReport:
             Starlette.__call__ = _guarded(current)  # type: ignore[method-assign]
             logger.info("nemo-gym-verl access guard installed on starlette.applications.Starlette.__call__")
         _STATE["digests"] = digests
+        _STATE["header"] = header.lower().encode("latin-1") if header else None
     return GuardReport(os.getpid(), len(digests), already)
 
 
@@ -102,6 +108,7 @@ def remove_guard() -> None:
         if original is not None:
             Starlette.__call__ = original  # type: ignore[method-assign]
         _STATE["digests"] = ()
+        _STATE["header"] = None
 
 
 def is_guarded() -> bool:
@@ -122,13 +129,24 @@ def _bearer(scope: Mapping[str, Any]) -> bytes | None:
     return None
 
 
+def _presented(scope: Mapping[str, Any]) -> bytes | None:
+    """The key the request presents: its bearer token, or the whole value of the guard's own header when one is set."""
+    header = _STATE["header"]
+    if header is None:
+        return _bearer(scope)
+    for name, value in scope.get("headers") or ():
+        if name == header:
+            return bytes(value).strip() or None
+    return None
+
+
 def authorized(scope: Mapping[str, Any]) -> bool:
     """Whether the request of ``scope`` carries an accepted key (always true while no key is set). Every accepted
     digest is compared, in constant time."""
     digests = _STATE["digests"]
     if not digests:
         return True
-    token = _bearer(scope)
+    token = _presented(scope)
     if token is None:
         return False
     given = hashlib.sha256(token).digest()
@@ -141,18 +159,20 @@ def authorized(scope: Mapping[str, Any]) -> bool:
 def refusal(scope: Mapping[str, Any]) -> tuple[int, bytes]:
     """The 401 answer: OpenAI's error shape (``invalid_api_key``: Gym's model client stops retrying a refused key at
     once, as it does for OpenAI), naming what was wrong without echoing anything the client sent."""
-    token = _bearer(scope)
-    has_header = any(name == b"authorization" for name, _ in scope.get("headers") or ())
-    if token is not None:
-        why = "the key it carries is not this run's"
-    elif has_header:
-        why = "its Authorization header is not 'Bearer <key>'"
+    header = _STATE["header"]
+    names = [name for name, _ in scope.get("headers") or ()]
+    if header is not None:  # a Gym server (access.gym_guard)
+        what, send = "server", f"'{header.decode()}: <key>' (docs/CLUSTER.md)"
+        why = "the key it carries is not this run's" if header in names else f"it carries no {header.decode()} header"
     else:
-        why = "it carries no Authorization header"
-    message = (
-        f"{REALM}: this rollout server answers only the training run's own clients; {why}. Send the run's key as "
-        "'Authorization: Bearer <key>' (Gym's policy_api_key; docs/CLUSTER.md)"
-    )
+        what, send = "rollout server", "'Authorization: Bearer <key>' (Gym's policy_api_key; docs/CLUSTER.md)"
+        if _bearer(scope) is not None:
+            why = "the key it carries is not this run's"
+        elif b"authorization" in names:
+            why = "its Authorization header is not 'Bearer <key>'"
+        else:
+            why = "it carries no Authorization header"
+    message = f"{REALM}: this {what} answers only the training run's own clients; {why}. Send the run's key as {send}"
     body = {"error": {"message": message, "type": "authentication_error", "param": None, "code": "invalid_api_key"}}
     return 401, json.dumps(body).encode()
 

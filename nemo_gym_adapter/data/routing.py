@@ -194,28 +194,30 @@ class GymRoutes:
         return cls(servers_by_agent, _task_source_agents(blocks))
 
     @classmethod
-    def fetch_blocking(cls, head_url: str, timeout_s: float = 30.0) -> GymRoutes:
+    def fetch_blocking(
+        cls, head_url: str, timeout_s: float = 30.0, headers: Mapping[str, str] | None = None
+    ) -> GymRoutes:
         """Ask a running Gym's head server for its config and server instances (two GETs)."""
         import urllib.parse
 
         import yaml
 
         head_url = head_url.rstrip("/")
-        config_payload = json.loads(_get(head_url, "/global_config_dict_yaml", timeout_s))
+        config_payload = json.loads(_get(head_url, "/global_config_dict_yaml", timeout_s, headers))
         # FastAPI wraps the YAML text in a JSON string; accept a plain mapping too.
         # libyaml's safe loader when PyYAML has it (same documents, ~10x less CPU than the pure-Python one).
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         global_config = yaml.load(config_payload, Loader=loader) if isinstance(config_payload, str) else config_payload
-        instances = json.loads(_get(head_url, "/server_instances", timeout_s))
+        instances = json.loads(_get(head_url, "/server_instances", timeout_s, headers))
         if not isinstance(global_config, Mapping) or not isinstance(instances, list):
             raise GymServerError(f"head server {head_url}: unexpected /global_config_dict_yaml or /server_instances")
         head_host = urllib.parse.urlsplit(head_url).hostname or "127.0.0.1"
         return cls.from_config(global_config, instances, head_host)
 
     @classmethod
-    async def fetch(cls, head_url: str, timeout_s: float = 30.0) -> GymRoutes:
+    async def fetch(cls, head_url: str, timeout_s: float = 30.0, headers: Mapping[str, str] | None = None) -> GymRoutes:
         """:meth:`fetch_blocking` without blocking the event loop (runs once per Gym, so a thread is fine)."""
-        return await asyncio.to_thread(cls.fetch_blocking, head_url, timeout_s)
+        return await asyncio.to_thread(cls.fetch_blocking, head_url, timeout_s, headers)
 
     @property
     def agents(self) -> list[str]:
@@ -284,12 +286,13 @@ def _task_source_agents(blocks: Mapping[str, Mapping[str, Any]]) -> dict[str, st
     return resolved
 
 
-def _get(head_url: str, path: str, timeout_s: float) -> bytes:
+def _get(head_url: str, path: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> bytes:
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(f"{head_url}{path}", timeout=timeout_s) as response:
+        request = urllib.request.Request(f"{head_url}{path}", headers=dict(headers or {}))
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.read()
     except (urllib.error.URLError, OSError) as e:
         raise GymServerError(f"head server {head_url}: GET {path} failed: {e}") from e

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from nemo_gym_adapter.access.gym_guard import client_headers
 from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym.capture import capture_dir
@@ -37,9 +38,10 @@ class GymServerInstance(BaseModel):
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """GET ``url``: (status, body). Raises ``OSError`` when nothing answers."""
+    """GET ``url`` (with the run's key when Gym's servers require it): (status, body). Raises ``OSError`` when
+    nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=client_headers()), timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()

@@ -43,6 +43,9 @@ class GymLaunchSpec(BaseModel):
     policy_base_url: list[str] = Field(min_length=1, description="vLLM replicas: 'host:port' or 'http://host:port/v1'")
     policy_model_name: str = Field(min_length=1)
     policy_api_key: SecretStr = SecretStr("EMPTY")
+    access_key: SecretStr | None = Field(
+        None, description="every Gym server requires it and Gym sends it to its own (access.gym_guard); env only"
+    )
     host: str = Field("127.0.0.1", description="Gym's default_host and head host; a node IP when multi-node")
     head_port: int | None = Field(None, ge=1, le=65535, description="None: a free port")
     port_range: tuple[int, int] | None = Field(
@@ -242,7 +245,25 @@ def gym_process_env(gym_venv: Path, extra: dict[str, str], base: dict[str, str] 
 
 def launch_env(spec: GymLaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
     """Gym's environment for ``spec`` (:func:`gym_env`)."""
-    return gym_env(spec.gym_venv, spec.env, spec.policy_api_key, spec.ray_head_node_address, spec.ray_auth_token, base)
+    guard = access_env(spec.access_key, spec.host, spec.port_range, spec.head_port)
+    return gym_env(
+        spec.gym_venv, spec.env, spec.policy_api_key, spec.ray_head_node_address, spec.ray_auth_token, base, guard
+    )
+
+
+def access_env(
+    key: SecretStr | None, host: str, port_range: tuple[int, int] | None, head_port: int | None
+) -> dict[str, str]:
+    """What makes Gym's processes require and send ``key`` (``access.gym_guard.launch_env``); empty without a key.
+    Gym's ports: its band (``port_range``, else ``ports.safe_port_range()``, as :func:`launch_config`) and a head port
+    pinned outside it."""
+    if key is None:
+        return {}
+    from nemo_gym_adapter.access import gym_guard
+
+    band = port_range or safe_port_range()
+    extra = [head_port] if head_port is not None and not band[0] <= head_port <= band[1] else []
+    return gym_guard.launch_env(key.get_secret_value(), host, band, extra)
 
 
 def gym_env(
@@ -252,12 +273,19 @@ def gym_env(
     ray_address: str | None,
     ray_token: SecretStr | None,
     base: dict[str, str] | None = None,
+    guard: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Gym's environment (:func:`gym_process_env` with ``extra``), the API key, and the Ray settings that keep Gym on
     a cluster of its own; from the parts of a spec it depends on, so a warm launcher (:mod:`~nemo_gym_adapter.gym.warm`) can be given
-    it before the spec exists."""
+    it before the spec exists. ``guard``: :func:`access_env`'s variables (its ``PYTHONPATH`` first, before one of
+    ``extra``)."""
     env = gym_process_env(gym_venv, extra, base)
     env[API_KEY_ENV] = api_key.get_secret_value()
+    if guard:
+        user_path = extra.get("PYTHONPATH")
+        env.update(guard)
+        if user_path:
+            env["PYTHONPATH"] = os.pathsep.join([guard["PYTHONPATH"], user_path])
     if not ray_address:
         # Gym calls ray.init() without an address, which joins the cluster named in /tmp/ray/ray_current_cluster
         # (any `ray start` on this machine, even a dead one: it then hangs). "local" always starts a new one, a

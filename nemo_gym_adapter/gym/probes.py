@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from nemo_gym_adapter.access.gym_guard import client_headers
 from nemo_gym_adapter.data.routing import GymRoutes
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class HttpProbes:
 
     async def probe(self, server: Server) -> str | None:
         try:
-            headers = self.replica_headers if server.kind == "replica" else None
+            headers = self.replica_headers if server.kind == "replica" else client_headers()
             async with self._get().get(server.url, allow_redirects=False, headers=headers) as r:
                 if self._silent_since.pop(server.name, None) is not None:
                     logger.info("%s answers again", server)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_gym_adapter import paths
+from nemo_gym_adapter.access import gym_guard
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.gym.head import GymHead, GymServerInstance, answers, http_get
 from nemo_gym_adapter.gym.launch import (
@@ -153,6 +154,8 @@ class GymServers(GymHead):
         cfg = launch_config(spec, head_port, run_dir, config_files(spec, config_paths))
         launch_yaml.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
         cmd, env = launch_command(spec, config_paths, launch_yaml), launch_env(spec)
+        if spec.access_key is not None:  # our reads of Gym (readiness included) send it from now on
+            gym_guard.use_key(spec.access_key.get_secret_value())
         launcher = warm.launch(cmd, env, run_dir, run_dir / "gym.log") if warm is not None else None
         warm_used = launcher is not None
         if launcher is None:
@@ -165,6 +168,10 @@ class GymServers(GymHead):
         gym.ray_head, gym.ray_wait_seconds, gym.warm = ray_head, ray_wait_s, warm_used
         try:
             gym._wait_ready(t0 + spec.startup_timeout_s, spec)
+            if spec.access_key is not None:  # every server refuses a keyless request, or the launch stops
+                gym_guard.check_guarded(
+                    {"head server": gym.head_url, **{n: i.url for n, i in gym.server_instances().items()}}
+                )
         except BaseException:
             gym.stop()
             raise
@@ -268,6 +275,7 @@ class GymServers(GymHead):
         """Stop everything we started (idempotent); a no-op for an attached Gym."""
         if self._launcher is not None:
             self._launcher.stop()
+            gym_guard.use_key(None)
         if self._record is not None:
             self._record.unlink(missing_ok=True)
 

@@ -46,7 +46,7 @@ from nemo_gym_adapter.access.key import policy_key
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym import warm_boot
-from nemo_gym_adapter.gym.launch import GymLaunchSpec, gym_env
+from nemo_gym_adapter.gym.launch import GymLaunchSpec, access_env, gym_env
 from nemo_gym_adapter.procs import (
     EarlySlot,
     LogWatch,
@@ -310,7 +310,12 @@ def _start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher
     gym_venv = Path(gym.gym_venv) if gym.gym_venv else paths.gym_venv()
     token: SecretStr | None
     address, token = (head.address, head.auth_token) if head else (gym.external_ray_head, None)
-    env = gym_env(gym_venv, dict(gym.env), policy_key(gym), address, token)
+    key = policy_key(gym)
+    # Gym's host is chosen later (addresses.choose_gym_host); loopback is the one-host answer. Elsewhere the launch's
+    # environment differs and the launch is cold (env_mismatch), which costs time, not safety.
+    guarded = gym.access.guards_gym(attached=gym.head_url is not None)
+    guard = access_env(key, "127.0.0.1", gym.port_range, gym.head_port) if guarded else None
+    env = gym_env(gym_venv, dict(gym.env), key, address, token, guard=guard)
     run_dir = Path(gym.run_dir) if gym.run_dir else None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)

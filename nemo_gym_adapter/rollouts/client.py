@@ -32,6 +32,7 @@ from typing import Any
 
 import aiohttp
 
+from nemo_gym_adapter.access.gym_guard import client_headers
 from nemo_gym_adapter.data.routing import GymRoutes, Unroutable
 from nemo_gym_adapter.gym import capture
 from nemo_gym_adapter.gym.liveness import StepGuard
@@ -119,7 +120,7 @@ class RolloutClient:
     @classmethod
     async def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> RolloutClient:
         """Fetch the routes from a running Gym's head server and return a ready client."""
-        return cls(await GymRoutes.fetch(head_url), config)
+        return cls(await GymRoutes.fetch(head_url, headers=client_headers()), config)
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -258,7 +259,7 @@ class BlockingRolloutClient(BlockingFacade):
     @classmethod
     def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> BlockingRolloutClient:
         """Fetch the routes from a running Gym's head server (blocking) and return a ready client."""
-        return cls(GymRoutes.fetch_blocking(head_url), config)
+        return cls(GymRoutes.fetch_blocking(head_url, headers=client_headers()), config)
 
     def run(
         self,

@@ -24,6 +24,7 @@ try:  # parsing token-id-heavy results is most of the client's CPU; orjson does 
 except ImportError:  # pragma: no cover - optional speed-up, same results
     orjson = None  # type: ignore[assignment]  # a module or None: checked before each use
 
+from nemo_gym_adapter.access.gym_guard import client_headers
 from nemo_gym_adapter.data.routing import Route
 from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.gym import capture
@@ -107,7 +108,8 @@ def new_session(max_concurrency: int) -> aiohttp.ClientSession:
         # Gym's agents answer with session cookies (simple_agent relays the resources server's). A shared
         # jar would send one rollout's session to the next; Gym's own client drops them the same way.
         cookie_jar=aiohttp.DummyCookieJar(),
-        headers={"Content-Type": "application/json"},
+        # the run's key when Gym's servers require it (nemo_gym.access.guard_gym)
+        headers={"Content-Type": "application/json", **client_headers()},
     )
 
 

@@ -29,6 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from nemo_gym_adapter.access.gym_guard import client_headers
 from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.rollouts.core import RowResult
 from nemo_gym_adapter.rollouts.metrics import compute_metrics, scope_name
@@ -87,7 +88,9 @@ def post_aggregate_metrics(base_url: str, verify_responses: Sequence[Mapping[str
     """``POST <environment server>/aggregate_metrics`` (blocking); raises ``OSError``/``ValueError`` on failure."""
     body = json.dumps({"verify_responses": list(verify_responses)}).encode()
     request = urllib.request.Request(
-        f"{base_url.rstrip('/')}/aggregate_metrics", data=body, headers={"Content-Type": "application/json"}
+        f"{base_url.rstrip('/')}/aggregate_metrics",
+        data=body,
+        headers={"Content-Type": "application/json", **client_headers()},
     )
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())

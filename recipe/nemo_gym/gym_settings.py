@@ -21,7 +21,8 @@ def gym_launch_spec(
 ) -> GymLaunchSpec:
     """The Gym to start for the ``nemo_gym:`` section, listening on ``host`` (``addresses.choose_gym_host``), with
     the replicas at ``urls`` (``http://ip:port/v1``) as its policy; ``api_key``: what Gym's model server sends them
-    (the run's rollout key), else ``nemo_gym.policy_api_key``."""
+    (the run's rollout key), else ``nemo_gym.policy_api_key``; with ``nemo_gym.access.guard_gym`` Gym's own servers
+    require it too."""
     config_paths = list(gym.config_paths)
     if gym.add_training_model_config and TRAINING_MODEL_CONFIG not in config_paths:
         config_paths.append(TRAINING_MODEL_CONFIG)
@@ -31,6 +32,7 @@ def gym_launch_spec(
         "gym_venv": gym.gym_venv,
         "run_dir": gym.run_dir,
         "ray_head_node_address": gym.external_ray_head,  # a Ray head someone else runs
+        "access_key": api_key if gym.access.guards_gym(attached=gym.head_url is not None) else None,
     }
     return GymLaunchSpec.parse(
         {

@@ -108,3 +108,14 @@ def test_access_section_reads_yaml_booleans(cfg, value, expected):
 def test_access_local_only_names_the_key(cfg):
     cfg["nemo_gym"]["access"] = {"local_only": "sometimes"}
     assert "nemo_gym.access.local_only" in config_error(cfg)
+
+
+@pytest.mark.parametrize(
+    ("access", "head_url"), [({"guard_gym": True, "require_key": False}, None), ({"guard_gym": True}, "http://h:1")]
+)
+def test_guard_gym_needs_the_run_key_and_a_gym_the_run_starts(cfg, access, head_url):
+    cfg["nemo_gym"]["access"] = access
+    if head_url:
+        cfg["nemo_gym"].update(head_url=head_url, config_paths=[])
+    message = config_error(cfg)
+    assert "access.guard_gym needs the run's rollout key" in message and "head_url: null" in message, message

@@ -216,7 +216,14 @@ def test_the_replica_answers_only_the_runs_key_on_every_route(stack):
     assert _status(f"{root}/tokenize", "POST", wrong) == 401 and _status(f"{root}/health", "GET", wrong) == 401
     assert _status(f"{root}/health", "GET", key.header) == 200  # the control: the run's key gets in
     # Gym got it through its environment only: its head server serves the reference, its logs never the value.
-    with urllib.request.urlopen(f"{manager.gym.head_url}/global_config_dict_yaml", timeout=60) as r:
+    from nemo_gym_adapter.access import gym_guard
+
+    # Gym's own servers are guarded too (nemo_gym.access.guard_gym, on by default): keyless 401, with the key 200.
+    assert _status(f"{manager.gym.head_url}/global_config_dict_yaml") == 401
+    gym_key = gym_guard.client_headers()
+    assert gym_key == {gym_guard.HEADER: key.value.get_secret_value()}
+    request = urllib.request.Request(f"{manager.gym.head_url}/global_config_dict_yaml", headers=gym_key)
+    with urllib.request.urlopen(request, timeout=60) as r:
         served = r.read().decode()
     assert "${oc.env:NGV_GYM_POLICY_API_KEY}" in served and key.value.get_secret_value() not in served
     logs = [f for f in manager.gym.run_dir.rglob("*") if f.is_file()]

@@ -51,3 +51,19 @@ def test_a_ray_head_address_goes_to_gym_and_early_or_gym_give_none(cfg):
         cfg["nemo_gym"]["ray_head"] = mode
         spec = gym_launch_spec(load_config(cfg, check_files=False).gym, ["10.0.0.1:8000"], "m", host="127.0.0.1")
         assert spec.ray_head_node_address == address, mode
+
+
+def test_gyms_servers_get_the_run_key_by_default_and_not_when_turned_off(cfg):
+    from pydantic import SecretStr
+
+    key = SecretStr("run-key")
+    gym = load_config(cfg, check_files=False).gym
+    assert gym.access.guard_gym is None and gym.access.guards_gym(attached=False)
+    assert not gym.access.guards_gym(attached=True)  # an attached Gym is yours to protect
+    spec = gym_launch_spec(gym, ["10.0.0.1:8000"], "m", host="127.0.0.1", api_key=key)
+    assert spec.access_key is not None and spec.access_key.get_secret_value() == "run-key"
+    assert "run-key" not in repr(spec)
+    for access in ({"guard_gym": False}, {"require_key": False}):
+        cfg["nemo_gym"]["access"] = access
+        gym = load_config(cfg, check_files=False).gym
+        assert gym_launch_spec(gym, ["10.0.0.1:8000"], "m", host="127.0.0.1", api_key=key).access_key is None, access
