@@ -118,9 +118,10 @@ class Launch:
                 while self.proc.poll() is None:
                     assert time.monotonic() - started < TIMEOUT_S, f"{self.log_path.name}: not done in {TIMEOUT_S}s"
                     if kill_after_step is not None and self._step_done(kill_after_step):
-                        time.sleep(0.5)  # into the next step: its rollouts are in flight
+                        # At once: the next step has begun. A toy step on the legacy trainer with trusted log-probs
+                        # takes ~0.7 s (no recompute pass), so the 0.5 s wait this had let launch 1 finish on its own.
                         self.proc.send_signal(signal.SIGKILL)
-                    time.sleep(0.2)
+                    time.sleep(0.05)
             finally:
                 if self.proc.poll() is None:
                     self.proc.kill()
