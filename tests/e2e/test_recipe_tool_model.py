@@ -109,7 +109,10 @@ def test_without_the_patch_the_later_turns_leave_the_models_tokens(tmp_path, rea
     multi = [r for r in _rollouts(tmp_path) if r["num_turns"] >= 2]
     assert multi, "no multi-turn rollout: the control shows nothing"
     assert all(not all(c["extends_previous"] for c in r["model_calls"][1:]) for r in multi), multi
-    assert all(r["masked_reason"] == "non_contiguous" for r in multi), [r["masked_reason"] for r in multi]
+    # Never trained: masked non_contiguous, unless it ran out of context first (that check comes before contiguity;
+    # a slow-tier run had one such rollout, 2 calls, the model looping at T=1).
+    reasons = [r["masked_reason"] for r in multi]
+    assert set(reasons) <= {"non_contiguous", "context_overflow"} and "non_contiguous" in reasons, reasons
     assert m["gym/all/contiguity_rate"] < 1.0
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
