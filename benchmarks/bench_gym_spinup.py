@@ -17,6 +17,9 @@ Variants, each run ``--repeat`` times, one Gym alive at a time:
               path, including any wait for the head. Ray's own start (watched from a thread) and the total (overlap
               + critical path) are printed too. The sleep is idle: on a real run the head's start competes for the
               CPUs with verl's start-up, which this variant does not show (the head's CPU seconds are printed).
+- ``guarded`` ``ours`` with Gym's servers requiring the run's key (``nemo_gym.access.guard_gym``, the recipe's
+              default: ``access.gym_guard``'s boot in every Gym interpreter, the launch's keyless-401 check); its
+              ratio against ``ours`` is what the guard costs a start;
 - ``warm``    ``early`` plus a warm Gym launcher (``gym_warm.WarmLauncher``, ``nemo_gym.warm_launcher: true``, the
               default) started right after the head: Gym's launcher imports during the overlap, and
               ``GymServers.start(spec, ray_head=head, warm=warm)`` is timed to ready the same way.
@@ -24,7 +27,7 @@ Variants, each run ``--repeat`` times, one Gym alive at a time:
 Without ``--vllm`` Gym is pointed at a dead model URL and told not to wait for it, so only Gym is timed. With
 ``--vllm`` a tiny-qwen25 vLLM is started first (timed) and one ``/run`` is timed on every Gym.
 
-    .venv/bin/python benchmarks/bench_gym_spinup.py [--repeat 2] [--variants ours,by-hand,ray-up,early,warm] [--vllm]
+    .venv/bin/python benchmarks/bench_gym_spinup.py [--repeat 2] [--variants ours,guarded,by-hand,ray-up,early,warm] [--vllm]
                                                  [--overlap-s 5]
 """
 
@@ -34,6 +37,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import sys
 import threading
@@ -41,9 +45,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from pydantic import SecretStr
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nemo_gym_adapter import paths  # noqa: E402
+from nemo_gym_adapter.access import gym_guard  # noqa: E402
 from nemo_gym_adapter.gym.ray_head import GymRayHead  # noqa: E402
 from nemo_gym_adapter.gym.servers import GymServers  # noqa: E402
 from nemo_gym_adapter.gym.warm import WarmLauncher  # noqa: E402
@@ -59,19 +66,20 @@ TRAINING_MODEL = "responses_api_models/vllm_model/configs/vllm_model_for_trainin
 NO_MODEL_WAIT = {"model_endpoint_readiness_timeout_seconds": 0}
 
 
-def _post_run(url: str) -> float:
+def _post_run(url: str, headers: dict[str, str]) -> float:
     row = example_rows()[0]
     row = {**row, "responses_create_params": {**row["responses_create_params"], "max_output_tokens": 16}}
-    req = urllib.request.Request(url, data=json.dumps(row).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **headers}
+    req = urllib.request.Request(url, data=json.dumps(row).encode(), headers=headers)
     t0 = time.monotonic()
     with urllib.request.urlopen(req, timeout=300) as r:
         json.loads(r.read())
     return time.monotonic() - t0
 
 
-def _spec(base_url: str, model: str, with_run: bool):
+def _spec(base_url: str, model: str, with_run: bool, key: SecretStr | None = None):
     return single_tool_call_spec(
-        [base_url], model, startup_timeout_s=600, config_overrides={} if with_run else NO_MODEL_WAIT
+        [base_url], model, startup_timeout_s=600, config_overrides={} if with_run else NO_MODEL_WAIT, access_key=key
     )
 
 
@@ -81,14 +89,19 @@ def start_warm(base_url: str, model: str, with_run: bool, head: GymRayHead) -> W
 
 
 def bench_ours(
-    base_url: str, model: str, ray_head: GymRayHead | None, with_run: bool, warm: WarmLauncher | None = None
+    base_url: str,
+    model: str,
+    ray_head: GymRayHead | None,
+    with_run: bool,
+    warm: WarmLauncher | None = None,
+    key: SecretStr | None = None,
 ) -> tuple[float, float | None, float]:
-    """(spin-up s, one /run s or None, s of it waiting for ``ray_head``)."""
-    with GymServers.start(_spec(base_url, model, with_run), ray_head=ray_head, warm=warm) as gym:
+    """(spin-up s, one /run s or None, s of it waiting for ``ray_head``); ``key``: Gym's servers require it."""
+    with GymServers.start(_spec(base_url, model, with_run, key), ray_head=ray_head, warm=warm) as gym:
         if warm is not None and not gym.warm:
             raise SystemExit(f"the warm launcher was not used (see the warning above; its log: {warm.log_path})")
         CPU_SECONDS.append(_cpu_seconds(gym.pids()))
-        run_s = _post_run(gym.run_url(SINGLE_TOOL_CALL_AGENT)) if with_run else None
+        run_s = _post_run(gym.run_url(SINGLE_TOOL_CALL_AGENT), gym_guard.client_headers()) if with_run else None
         assert gym.startup_seconds is not None
         return gym.startup_seconds, run_s, gym.ray_wait_seconds
 
@@ -197,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                 note = ""
                 if variant == "ours":
                     secs, run_s, _ = bench_ours(base_url, model, None, args.vllm)
+                elif variant == "guarded":
+                    key = SecretStr(secrets.token_urlsafe(32))
+                    secs, run_s, _ = bench_ours(base_url, model, None, args.vllm, key=key)
                 elif variant == "by-hand":
                     secs, run_s = bench_by_hand(base_url, model), None
                 elif variant in ("ray-up", "early", "warm"):

@@ -9,7 +9,7 @@ and the resources servers' routes change environment state.
 How, with Gym in its own venv (Python 3.13) that the trainer never imports: Gym's processes start with ``PYTHONPATH``
 naming :data:`BOOT_DIR` (a ``sitecustomize.py`` and nothing else, so no module of ours can shadow one of Gym's), which
 every interpreter of Gym's process tree imports at start-up (its launcher, every server, its Ray's workers). With the
-key in :data:`KEY_ENV` it runs :func:`boot`:
+key in :data:`KEY_ENV` it runs :func:`boot`, which applies each patch when its library is first imported:
 
 - incoming: :mod:`.guard` (loaded by path: this package is not importable there) requires ``X-NGV-Run-Key: <key>``
   on every request of every Starlette app of the process -- every Gym server is a FastAPI app --, 401 before routing;
@@ -28,6 +28,7 @@ Gym process can load this file by path (``gym_boot/sitecustomize.py``).
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import importlib.util
 import os
 import sys
@@ -115,13 +116,9 @@ def _wrap_once(owner: Any, name: str, wrap: Any) -> None:
         setattr(owner, name, wrapped)
 
 
-def patch_aiohttp(key: str, destinations: Destinations) -> bool:
-    """Every ``aiohttp.ClientSession`` request of this process to ``destinations`` carries the key. False when aiohttp
-    is not installed here."""
-    try:
-        from aiohttp import client
-    except ImportError:
-        return False
+def patch_aiohttp(client: Any, key: str, destinations: Destinations) -> None:
+    """Every ``aiohttp.ClientSession`` request of this process to ``destinations`` carries the key (``client``: the
+    ``aiohttp.client`` module)."""
 
     def wrap(original: Any) -> Any:
         async def _request(self: Any, method: str, str_or_url: Any, **kwargs: Any) -> Any:
@@ -132,15 +129,10 @@ def patch_aiohttp(key: str, destinations: Destinations) -> bool:
         return _request
 
     _wrap_once(client.ClientSession, "_request", wrap)
-    return True
 
 
-def patch_requests(key: str, destinations: Destinations) -> bool:
-    """The same for ``requests`` (Gym's processes read the head server's config with it)."""
-    try:
-        from requests import sessions
-    except ImportError:
-        return False
+def patch_requests(sessions: Any, key: str, destinations: Destinations) -> None:
+    """The same for ``requests`` (``sessions``: ``requests.sessions``; Gym's processes read the head's config with it)."""
 
     def wrap(original: Any) -> Any:
         def request(self: Any, method: str, url: Any, *args: Any, **kwargs: Any) -> Any:
@@ -151,7 +143,6 @@ def patch_requests(key: str, destinations: Destinations) -> bool:
         return request
 
     _wrap_once(sessions.Session, "request", wrap)
-    return True
 
 
 def _guard_module() -> Any:
@@ -172,27 +163,59 @@ def _guard_module() -> Any:
         return module
 
 
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``hooks[name](module)`` right after ``name`` is first imported in this process (a finder at the front of
+    ``sys.meta_path`` that lets the others find the module and wraps the found loader's ``exec_module``): an
+    interpreter that never imports a library pays nothing for its patch."""
+
+    def __init__(self, hooks: Mapping[str, Any]) -> None:
+        self.hooks = dict(hooks)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        hook = self.hooks.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if finder is not self and find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        del self.hooks[name]
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            hook(module)
+
+        loader.exec_module = exec_module  # this spec's own loader instance
+        return spec
+
+
 def boot(environ: Mapping[str, str] | None = None) -> list[str]:
-    """In a Gym process: require the key on its servers and send it to Gym's others (the module docstring). Returns
-    what was installed (``starlette``, ``aiohttp``, ``requests``); nothing without :data:`KEY_ENV`."""
+    """In a Gym process: require the key on its servers and send it to Gym's others (the module docstring), each patch
+    applied now if its library is already imported, else right after its first import (:class:`AfterImport`).
+    Returns the libraries patched now; nothing without :data:`KEY_ENV`."""
     env = os.environ if environ is None else environ
     key = env.get(KEY_ENV, "")
     if not key:
         return []
     destinations = Destinations(env.get(HOSTS_ENV, ",".join(LOOPBACK)).split(","), env.get(PORTS_ENV, ""))
-    done = []
-    try:
-        import starlette.applications  # noqa: F401  (an interpreter without it serves nothing to guard)
-    except ImportError:
-        pass
-    else:
-        _guard_module().install_guard([key], header=HEADER)
-        done.append("starlette")
-    if patch_aiohttp(key, destinations):
-        done.append("aiohttp")
-    if patch_requests(key, destinations):
-        done.append("requests")
-    return done
+    hooks = {
+        "starlette.applications": lambda _: _guard_module().install_guard([key], header=HEADER),
+        "aiohttp.client": lambda module: patch_aiohttp(module, key, destinations),
+        "requests.sessions": lambda module: patch_requests(module, key, destinations),
+    }
+    done = [name for name in hooks if name in sys.modules]
+    for name in done:
+        hooks.pop(name)(sys.modules[name])
+    if hooks and not any(isinstance(f, AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport(hooks))
+    return [name.partition(".")[0] for name in done]
 
 
 def check_guarded(base_urls: Mapping[str, str], timeout_s: float = 10.0) -> None:

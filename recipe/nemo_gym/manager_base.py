@@ -207,6 +207,8 @@ class GymManagerBase:
         logger.info("Gym listens on %s: %s", self.gym_host.host, self.gym_host.reason)
         spec = gym_launch_spec(gym, urls, model_name, host=self.gym_host.host, api_key=self.api_key)
         started = GymServers.start(spec, ray_head=self.ray_head, warm=self.warm)
+        if spec.access_key is not None:
+            logger.info("Gym's servers answer only the run's key (nemo_gym.access.guard_gym; checked at start-up)")
         self.on_shutdown("Gym", lambda: stop_gym(started))
         write_pid_file(started)
         started.on_restart.append(write_pid_file)

@@ -138,7 +138,7 @@ def test_the_launch_check_names_every_server_that_answers_without_the_key():
 GYM_SIDE = textwrap.dedent(
     """
     import asyncio, http.server, json, sys, threading
-    import aiohttp
+    import aiohttp, requests
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route
@@ -200,9 +200,25 @@ def test_in_gyms_own_interpreter_sitecustomize_guards_servers_and_sends_the_key_
     )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["booted"] == ["starlette", "aiohttp", "requests"]
+    assert result["booted"] == ["starlette", "aiohttp", "requests"]  # all imported by then: patched at once
     assert result["inside"] == KEY and result["outside"] is None  # only Gym's band gets the key
     assert result["statuses"] == [401, 200]
+    # lazily: an interpreter that imports none of the three loads none of them; one that does gets its patch
+    lazy = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import sys; print([m for m in ('aiohttp', 'starlette', 'requests') if m in sys.modules]); "
+            "import aiohttp, requests; "
+            f"print(hasattr(aiohttp.ClientSession._request, {gym_guard.SENTINEL!r}), "
+            f"hasattr(requests.Session.request, {gym_guard.SENTINEL!r}))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert lazy.returncode == 0 and lazy.stdout.split("\n")[:2] == ["[]", "True True"], (lazy.stdout, lazy.stderr)
     # the control: the same interpreter without the key's environment guards nothing
     bare = subprocess.run(
         [str(python), "-c", "import starlette.applications as a; print(a.Starlette.__call__.__qualname__)"],
