@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -194,6 +195,9 @@ def run(args: argparse.Namespace, out: Path) -> None:
     t0 = time.time()
     with open(out / "console.log", "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    # Stopped (SIGTERM, e.g. a budget): the run gets it too and shuts down as a whole (the recipe's own SIGTERM
+    # handling), and the sampling below ends with it. Before, a SIGTERM here orphaned the run.
+    signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))
     sessions: set[int] = set()
     step = 0
     with open(out / "samples.jsonl", "w") as f:
