@@ -144,10 +144,6 @@ class AccessSection(_Section):
     # run's replicas. Needs require_key and a Gym the run starts (not head_url); on by default where both hold.
     guard_gym: bool | None = None
 
-    def guards_gym(self, attached: bool) -> bool:
-        """Whether Gym's servers require the key: ``guard_gym``, or by default (None) whenever they can."""
-        return self.guard_gym if self.guard_gym is not None else self.require_key and not attached
-
     @field_validator("local_only", mode="before")
     @classmethod
     def _yaml_bool(cls, value: Any) -> Any:
@@ -289,7 +285,7 @@ class NemoGymConfig(_Section):
                 "not policy_api_key: choose that key with the environment variable NGV_ROLLOUT_API_KEY instead (verl "
                 "prints the whole config: no secret belongs in it), or set nemo_gym.access.require_key=false"
             )
-        if self.access.guard_gym is True and (not self.access.require_key or self.head_url is not None):
+        if self.access.guard_gym is True and not self._can_guard_gym:
             raise ValueError(
                 "access.guard_gym needs the run's rollout key (access.require_key: true) and a Gym this run starts "
                 "(head_url: null); a Gym you run yourself is yours to protect (docs/CLUSTER.md)"
@@ -300,6 +296,16 @@ class NemoGymConfig(_Section):
                 "configs; set nemo_gym.config_paths=[] or nemo_gym.head_url=null"
             )
         return self
+
+    @property
+    def _can_guard_gym(self) -> bool:
+        return self.access.require_key and self.head_url is None
+
+    @property
+    def guards_gym(self) -> bool:
+        """Whether Gym's servers require the run's key: ``access.guard_gym``, or by default (None) whenever they can
+        (the run's key is on and the run starts its Gym)."""
+        return self._can_guard_gym if self.access.guard_gym is None else self.access.guard_gym
 
 
 def plain(value: Any) -> Any:

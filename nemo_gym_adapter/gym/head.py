@@ -93,6 +93,10 @@ class GymHead:
             raise GymServerError(f"Gym head server {self.head_url}: /server_instances answered {status}")
         return {d["process_name"]: GymServerInstance.model_validate(d) for d in json.loads(body)}
 
+    def base_urls(self) -> dict[str, str]:
+        """``http://host:port`` of the head server (``"head server"``) and of every server instance, by name."""
+        return {"head server": self.head_url, **{name: inst.url for name, inst in self.server_instances().items()}}
+
     def server_url(self, name: str) -> str:
         """``http://host:port`` of the server instance ``name`` (from the global config, as Gym's client does)."""
         block: Any = self.global_config().get(name)

@@ -169,9 +169,7 @@ class GymServers(GymHead):
         try:
             gym._wait_ready(t0 + spec.startup_timeout_s, spec)
             if spec.access_key is not None:  # every server refuses a keyless request, or the launch stops
-                gym_guard.check_guarded(
-                    {"head server": gym.head_url, **{n: i.url for n, i in gym.server_instances().items()}}
-                )
+                gym_guard.check_guarded(gym.base_urls())
         except BaseException:
             gym.stop()
             raise

@@ -313,8 +313,7 @@ def _start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher
     key = policy_key(gym)
     # Gym's host is chosen later (addresses.choose_gym_host); loopback is the one-host answer. Elsewhere the launch's
     # environment differs and the launch is cold (env_mismatch), which costs time, not safety.
-    guarded = gym.access.guards_gym(attached=gym.head_url is not None)
-    guard = access_env(key, "127.0.0.1", gym.port_range, gym.head_port) if guarded else None
+    guard = access_env(key, "127.0.0.1", gym.port_range, gym.head_port) if gym.guards_gym else None
     env = gym_env(gym_venv, dict(gym.env), key, address, token, guard=guard)
     run_dir = Path(gym.run_dir) if gym.run_dir else None
     if run_dir is not None:

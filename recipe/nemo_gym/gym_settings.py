@@ -32,7 +32,7 @@ def gym_launch_spec(
         "gym_venv": gym.gym_venv,
         "run_dir": gym.run_dir,
         "ray_head_node_address": gym.external_ray_head,  # a Ray head someone else runs
-        "access_key": api_key if gym.access.guards_gym(attached=gym.head_url is not None) else None,
+        "access_key": api_key if gym.guards_gym else None,
     }
     return GymLaunchSpec.parse(
         {

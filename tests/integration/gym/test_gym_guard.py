@@ -66,7 +66,7 @@ def _prompt_tokens(vllm_server) -> float:
 
 
 def test_every_gym_server_refuses_a_request_without_the_key_and_a_strangers_run_costs_nothing(guarded_gym, vllm_server):
-    servers = {"head server": guarded_gym.head_url, **{n: i.url for n, i in guarded_gym.server_instances().items()}}
+    servers = guarded_gym.base_urls()
     assert len(servers) >= 4, servers  # head, agent, resources server, model server
     agent_run = guarded_gym.run_url(SINGLE_TOOL_CALL_AGENT)
     before = _prompt_tokens(vllm_server)

@@ -58,8 +58,9 @@ def test_gyms_servers_get_the_run_key_by_default_and_not_when_turned_off(cfg):
 
     key = SecretStr("run-key")
     gym = load_config(cfg, check_files=False).gym
-    assert gym.access.guard_gym is None and gym.access.guards_gym(attached=False)
-    assert not gym.access.guards_gym(attached=True)  # an attached Gym is yours to protect
+    assert gym.access.guard_gym is None and gym.guards_gym
+    attached = {**cfg, "nemo_gym": {**cfg["nemo_gym"], "head_url": "http://10.0.0.9:11000", "config_paths": []}}
+    assert not load_config(attached, check_files=False).gym.guards_gym  # an attached Gym is yours to protect
     spec = gym_launch_spec(gym, ["10.0.0.1:8000"], "m", host="127.0.0.1", api_key=key)
     assert spec.access_key is not None and spec.access_key.get_secret_value() == "run-key"
     assert "run-key" not in repr(spec)
