@@ -9,7 +9,8 @@ value and the fix, so that :func:`~nemo_gym_adapter.recipe_config.load_config` r
 - the advantage estimator (``algorithm.adv_estimator``): ``masked_grpo`` or one of verl's outcome estimators whose
   masked samples ``recipe.nemo_gym.masked_estimators`` keeps out of every group statistic; GDPO's reward keys;
 - ``nemo_gym.trajectory.contiguity: split``: the trainer and the estimators that count a split rollout once;
-- group filtering (``algorithm.filter_groups``): the trainer and a metric masked samples cannot decide.
+- group filtering (``algorithm.filter_groups``): the trainer and a metric masked samples cannot decide;
+- micro-batches (``*_micro_batch_size_per_gpu``): a worker's batch must divide into them.
 """
 
 from __future__ import annotations
@@ -136,3 +137,61 @@ def check_trusted_logprobs(enabled: bool, verl_bypass: Any, problems: list[str])
             "never recomputes the old log-probs, so the guard could not check them; set bypass_mode=false (the guard "
             "switches it per step) or nemo_gym.trusted_logprobs.enable=false"
         )
+
+
+def check_micro_batches(
+    *,
+    strategy: Any,
+    train_batch_size: Any,
+    n: Any,
+    world_size: Any,
+    ulysses_size: Any,
+    mini_batch: Any,
+    update_micro: Any,
+    update_dynamic: Any,
+    logprob_micro: Any,
+    logprob_dynamic: Any,
+    problems: list[str],
+) -> None:
+    """verl 0.9.1's engine workers split a worker's batch into micro-batches of a fixed size and assert that it
+    divides (``verl.workers.engine.utils.prepare_micro_batches``): a config that breaks it fails at step 1's first
+    log-prob, minutes after the launch, with no key named. A worker's batch is ``train_batch_size x n`` over the data
+    parallel size (the log-probs) and ``ppo_mini_batch_size x n`` over it (each update). Checked for FSDP only (the
+    data parallel size is then the world over Ulysses'); dynamic batch sizes and values that are not integers
+    (another check names those) are left alone."""
+    if strategy not in ("fsdp", "fsdp2"):
+        return
+    values = (train_batch_size, n, world_size, ulysses_size, mini_batch)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        return
+    dp = world_size // ulysses_size
+    if dp < 1 or world_size % ulysses_size:
+        return
+    for key, micro, dynamic, rows, what in (
+        (
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            logprob_micro,
+            logprob_dynamic,
+            train_batch_size,
+            "data.train_batch_size",
+        ),
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            update_micro,
+            update_dynamic,
+            mini_batch,
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+        ),
+    ):
+        if dynamic is True or not isinstance(micro, int) or isinstance(micro, bool) or micro < 1:
+            continue
+        samples = rows * n
+        if samples % dp or (samples // dp) % micro:
+            per_worker = samples / dp
+            fits = [d for d in range(1, int(per_worker) + 1) if per_worker == int(per_worker) and per_worker % d == 0]
+            problems.append(
+                f"{key}={micro}: a worker's batch is {what} {rows} x rollout.n {n} over {dp} data-parallel "
+                f"worker(s) = {per_worker:g} samples, which verl's engine cannot split into micro-batches of {micro}; "
+                f"use a divisor of it ({', '.join(map(str, fits[-4:])) or 'none: fix the batch sizes'}) or a "
+                "dynamic batch size"
+            )

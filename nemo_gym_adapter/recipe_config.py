@@ -103,6 +103,13 @@ def _child(node: Any, part: str) -> Any:
         return _MISSING
 
 
+def _world_size(cfg: Any) -> Any:
+    """The actor's world: ``trainer.nnodes x trainer.n_gpus_per_node`` (None when either is not an integer)."""
+    nodes, per_node = _select(cfg, "trainer.nnodes", 1), _select(cfg, "trainer.n_gpus_per_node", 1)
+    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (nodes, per_node))
+    return nodes * per_node if ok else None
+
+
 def _is_interpolation(node: Any, leaf: str) -> bool:
     from omegaconf import OmegaConf
 
@@ -160,6 +167,20 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         gym is not None and gym.trusted_logprobs.enable,
         _select(cfg, "algorithm.rollout_correction.bypass_mode", False),
         problems,
+    )
+    actor = "actor_rollout_ref.actor"
+    recipe_checks.check_micro_batches(
+        strategy=_select(cfg, f"{actor}.strategy", None),
+        train_batch_size=_select(cfg, "data.train_batch_size", None),
+        n=_select(cfg, "actor_rollout_ref.rollout.n", None),
+        world_size=_world_size(cfg),
+        ulysses_size=_select(cfg, f"{actor}.ulysses_sequence_parallel_size", 1),
+        mini_batch=_select(cfg, f"{actor}.ppo_mini_batch_size", None),
+        update_micro=_select(cfg, f"{actor}.ppo_micro_batch_size_per_gpu", None),
+        update_dynamic=_select(cfg, f"{actor}.use_dynamic_bsz", False),
+        logprob_micro=_select(cfg, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", None),
+        logprob_dynamic=_select(cfg, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", False),
+        problems=problems,
     )
     custom_path = _select(cfg, "data.custom_cls.path", None)
     need(

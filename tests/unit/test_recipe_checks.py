@@ -105,3 +105,84 @@ def test_split_rollouts_need_an_estimator_that_counts_a_session_once(cfg):
     for estimator in ("grpo", "masked_grpo"):
         cfg["algorithm"]["adv_estimator"] = estimator
         load_config(cfg)
+
+
+def _micro_problems(**changes):
+    """``check_micro_batches`` on a one-worker FSDP config of 4 rows x 4 samples, one update of the whole batch."""
+    from nemo_gym_adapter.recipe_checks import check_micro_batches
+
+    values = dict(
+        strategy="fsdp2",
+        train_batch_size=4,
+        n=4,
+        world_size=1,
+        ulysses_size=1,
+        mini_batch=4,
+        update_micro=16,
+        update_dynamic=False,
+        logprob_micro=8,
+        logprob_dynamic=False,
+    )
+    values.update(changes)
+    problems: list[str] = []
+    check_micro_batches(**values, problems=problems)
+    return problems
+
+
+def test_micro_batches_that_divide_a_workers_batch_pass():
+    assert _micro_problems() == []
+    assert _micro_problems(world_size=8, train_batch_size=16, mini_batch=8, update_micro=4, logprob_micro=8) == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "said"),
+    [
+        # the latency config before its fix: 16 samples, micro-batches of 64 (verl's engine asserted at step 1)
+        ({"logprob_micro": 64}, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64", "= 16 samples"),
+        ({"update_micro": 64}, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64", "= 16 samples"),
+        ({"update_micro": 3}, "ppo_micro_batch_size_per_gpu=3", "(2, 4, 8, 16)"),
+        # 8 GPUs: a worker holds 16 x 4 / 8 = 8 samples
+        (
+            {"world_size": 8, "train_batch_size": 16, "mini_batch": 16, "update_micro": 8, "logprob_micro": 16},
+            "log_prob_micro_batch_size_per_gpu=16",
+            "= 8 samples",
+        ),
+        # Ulysses: 8 GPUs in groups of 2 are 4 data-parallel workers
+        (
+            {"world_size": 8, "ulysses_size": 2, "logprob_micro": 8, "update_micro": 4},
+            "log_prob_micro_batch_size_per_gpu=8",
+            "over 4 data-parallel worker(s) = 4 samples",
+        ),
+    ],
+)
+def test_a_micro_batch_a_workers_batch_cannot_split_into_is_named(changes, key, said):
+    problems = _micro_problems(**changes)
+    assert len(problems) == 1, problems
+    assert key in problems[0] and said in problems[0], problems[0]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"logprob_micro": 64, "logprob_dynamic": True},  # verl packs by tokens then
+        {"update_micro": 64, "update_dynamic": True},
+        {"logprob_micro": 64, "strategy": "megatron"},  # its data-parallel size is not the world over Ulysses'
+        {"logprob_micro": 64, "train_batch_size": "4"},  # not an integer: load_config names that key itself
+        {"logprob_micro": None},  # verl's own default applies
+    ],
+)
+def test_micro_batches_verl_sizes_itself_are_left_alone(changes):
+    assert _micro_problems(**changes) == []
+
+
+def test_load_config_names_a_micro_batch_the_batch_cannot_split_into(cfg):
+    cfg["data"]["train_batch_size"] = 4
+    cfg["actor_rollout_ref"]["actor"] = {
+        "strategy": "fsdp2",
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size_per_gpu": 4,
+    }
+    cfg["actor_rollout_ref"]["rollout"]["log_prob_micro_batch_size_per_gpu"] = 64
+    message = config_error(cfg)
+    assert "log_prob_micro_batch_size_per_gpu=64" in message and "= 16 samples" in message
+    assert "ppo_micro_batch_size_per_gpu" not in message  # 16 per update splits into 4s

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.recipe_config import MANAGER_CLASS, MANAGER_CLASS_V1, load_config
 from recipe.nemo_gym.main import CONFIG_DIR, verl_config_dir, with_verl_searchpath
 from recipe.nemo_gym.resolvers import register_resolvers
@@ -90,8 +91,16 @@ def test_use_v1_false_alone_selects_the_legacy_trainer_and_manager(name):
 
 
 def test_overrides_reach_the_validated_config():
-    recipe = load_config(_compose("nemo_gym_cpu", ("actor_rollout_ref.rollout.n=2", "nemo_gym.patch_vllm=false")))
-    assert recipe.n == 2 and recipe.gym.patch_vllm is False
+    recipe = load_config(_compose("nemo_gym_cpu", ("actor_rollout_ref.rollout.n=8", "nemo_gym.patch_vllm=false")))
+    assert recipe.n == 8 and recipe.gym.patch_vllm is False
+
+
+def test_a_micro_batch_the_composed_batch_cannot_split_into_is_refused_naming_the_key():
+    """The latency config once shipped micro-batches of 64 for 4 rows x 4 samples: verl's engine asserted at step 1's
+    first log-prob, minutes into the launch. Now load_config names the key before anything starts."""
+    cfg = _compose("nemo_gym_cpu_latency", ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=64",))
+    with pytest.raises(AdapterConfigError, match=r"log_prob_micro_batch_size_per_gpu=64: .* = 16 samples"):
+        load_config(cfg)
 
 
 def test_yaml_section_spells_out_every_key_with_its_default():
