@@ -6,7 +6,8 @@ installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under
 ``gym_servers/`` (our own Gym servers' root, for ``NEMO_GYM_EXTRA_ROOTS``) and
 ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use),
 ``${ngv_demo_model:<name>}`` → a real pretrained model (``smollm2``: SmolLM2-135M-Instruct; ``qwen2.5-coder-0.5b``: the
-Qwen2.5-Coder-0.5B-Instruct tool model; converted on first use, minutes) and ``${ngv_manager:<use_v1>}``
+Qwen2.5-Coder-0.5B-Instruct tool model; converted on first use, minutes) and ``${ngv_cpu_threads:<use_v1>,<trainer_mode>}`` → the
+CPU threads each computing process of a CPU run gets (``OMP_NUM_THREADS``), and ``${ngv_manager:<use_v1>}``
 → the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS_V1` for the v1 trainer,
 :data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
 """
@@ -68,14 +69,29 @@ def demo_model(name: str) -> str:
     return str(converter.build_demo_model(name))
 
 
+def cpu_threads(use_v1: Any = True, trainer_mode: Any = "sync") -> str:
+    """``OMP_NUM_THREADS`` for a CPU run's Ray workers: the node's physical cores, halved in verl's async modes.
+
+    Ray sets ``OMP_NUM_THREADS=1`` in every worker whose task or actor holds no whole CPU
+    (``ray._private.utils.set_omp_num_threads_if_unset``): verl's FSDP actor and our vLLM replica (``num_cpus=0``)
+    then computed on one core of two (measured: the actor's update and vLLM's generation each ran on one thread).
+    In sync mode (and on the legacy trainer) generation and the update take turns, so each gets every core; in
+    ``colocate_async``/``separate_async`` they run at once and share them."""
+    import psutil
+
+    cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    sync = str(use_v1).lower() == "false" or str(trainer_mode) == "sync"
+    return str(cores if sync else max(1, cores // 2))
+
+
 def manager_class(use_v1: Any) -> str:
     """The rollout manager for ``trainer.use_v1`` (``${ngv_manager:${trainer.use_v1}}``)."""
     return MANAGER_CLASS if use_v1 is False or str(use_v1).lower() == "false" else MANAGER_CLASS_V1
 
 
 def register_resolvers() -> None:
-    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_gym_servers``, ``ngv_tiny_model``, ``ngv_demo_model`` and ``ngv_manager`` with
-    OmegaConf (idempotent)."""
+    """Register ``ngv_gym_example``, ``ngv_configs``, ``ngv_gym_servers``, ``ngv_tiny_model``, ``ngv_demo_model``,
+    ``ngv_cpu_threads`` and ``ngv_manager`` with OmegaConf (idempotent)."""
     from omegaconf import OmegaConf
 
     for name, fn in (
@@ -85,6 +101,7 @@ def register_resolvers() -> None:
         ("ngv_gym_servers", gym_servers_path),
         ("ngv_tiny_model", _tiny_model),
         ("ngv_demo_model", demo_model),
+        ("ngv_cpu_threads", cpu_threads),
     ):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn, use_cache=True)
