@@ -11,7 +11,7 @@ verl's step time (``timing_s/step``; validation is timed apart, ``timing_s/testi
 each variant's means and its ratio to the first variant. The load average (1 min) is sampled every 10 s while each
 variant runs and printed with it: a shared machine distorts timings, run it under both locks.
 
-    .venv/bin/python benchmarks/bench_step_time.py [--steps 12] [--test-freq 4 | --no-val] [--variants baseline trusted]
+    .venv/bin/python benchmarks/bench_step_time.py [--steps 12] [--test-freq 4 | --no-val] [--variants baseline trusted recompute shipped]
         [-- hydra overrides for every variant...]
     .venv/bin/python benchmarks/bench_step_time.py --report DIR   # the table again from a finished run's DIR
 
@@ -35,12 +35,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 CONFIG = "nemo_gym_cpu_smollm2_math"
+# Ray's default for a worker without a whole CPU: one compute thread (what CPU runs had before the config set it).
+ONE_THREAD = 'ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS="1"'
 VARIANTS: dict[str, list[str]] = {
-    # Today's step: the old log-probs recomputed by the actor on every step.
-    "baseline": ["nemo_gym.trusted_logprobs.enable=false"],
-    # The rollout's log-probs as the old ones, recomputed only on the guard's steps.
-    "trusted": ["nemo_gym.trusted_logprobs.enable=true"],
-    # No override at all: whatever the config ships.
+    # The step issue 26 started from: the old log-probs recomputed by the actor on every step, one compute thread.
+    "baseline": ["nemo_gym.trusted_logprobs.enable=false", ONE_THREAD],
+    # The rollout's log-probs as the old ones, recomputed only on the guard's steps; one compute thread.
+    "trusted": ["nemo_gym.trusted_logprobs.enable=true", ONE_THREAD],
+    # The old log-probs recomputed every step, every core (the threads' effect alone).
+    "recompute": ["nemo_gym.trusted_logprobs.enable=false"],
+    # No override at all: whatever the config ships (trusted log-probs, every core).
     "shipped": [],
 }
 PARTS = ("gen", "old_log_prob", "update_actor", "update_weights")
