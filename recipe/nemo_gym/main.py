@@ -363,11 +363,10 @@ def sweep_gym(run_dir: Path | None) -> list[int]:
 
 
 def _shutdown_ray() -> None:
-    if "ray" in sys.modules:
-        import ray
+    if "ray" in sys.modules:  # its workers too: one hung in its exit is killed (recipe/nemo_gym/ray_exit.py)
+        from recipe.nemo_gym import ray_exit
 
-        if ray.is_initialized():
-            ray.shutdown()
+        ray_exit.shutdown()
 
 
 def verl_config_dir() -> Path:
