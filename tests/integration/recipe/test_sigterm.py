@@ -26,7 +26,6 @@ pytestmark = pytest.mark.integration
 DRIVER = textwrap.dedent(
     """
     import sys, time
-    import verl.trainer.main_ppo as main_ppo
     from hydra import compose, initialize_config_dir
     from recipe.nemo_gym import main
 
@@ -43,7 +42,15 @@ DRIVER = textwrap.dedent(
         print("SWEPT", flush=True)
         return sweep(run_dir)
 
-    main_ppo.run_ppo, main.sweep_gym = run_ppo, slow_sweep
+    # verl (and with it Ray's C++ config, which reads RAY_AUTH_* once) is imported where the recipe imports it: after
+    # the run's environment is set. Imported before, Ray's client keeps auth off while the GCS it starts requires the
+    # run's token, and ray.init fails -- unless an earlier test left RAY_AUTH_* in this process's environment.
+    apply_runtime_env = main._apply_runtime_env
+    def apply_then_stand_in(cfg):
+        apply_runtime_env(cfg)
+        import verl.trainer.main_ppo as main_ppo
+        main_ppo.run_ppo = run_ppo
+    main._apply_runtime_env, main.sweep_gym = apply_then_stand_in, slow_sweep
     with initialize_config_dir(config_dir=main.CONFIG_DIR, version_base=None):
         cfg = compose("nemo_gym_cpu", overrides=main.with_verl_searchpath([f"nemo_gym.run_dir={sys.argv[1]}"]))
     sys.exit(main.run(cfg))
