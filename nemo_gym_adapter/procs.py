@@ -49,14 +49,23 @@ def log_tail(path: Path | str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def descendants(pid: int) -> list[int]:
-    """Pids of every live descendant of ``pid`` (children first-level included), best effort."""
+def descendant_processes(pids: Iterable[int]) -> list:
+    """Every live descendant of each of ``pids`` as ``psutil.Process`` objects (pid + start time, so a later kill or
+    wait never reaches a process that only reuses the pid), best effort."""
     import psutil
 
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
+    found = []
+    for pid in pids:
+        try:
+            found.extend(psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every live descendant of ``pid`` (children first-level included), best effort."""
+    return [p.pid for p in descendant_processes([pid])]
 
 
 def kill_tree(pids: Iterable[int], timeout: float = 10.0) -> None:

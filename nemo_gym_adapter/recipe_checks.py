@@ -164,9 +164,9 @@ def check_micro_batches(
     values = (train_batch_size, n, world_size, ulysses_size, mini_batch)
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
         return
-    dp = world_size // ulysses_size
-    if dp < 1 or world_size % ulysses_size:
+    if world_size % ulysses_size:  # also ulysses_size > world_size
         return
+    dp = world_size // ulysses_size
     for key, micro, dynamic, rows, what in (
         (
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
@@ -185,13 +185,12 @@ def check_micro_batches(
     ):
         if dynamic is True or not isinstance(micro, int) or isinstance(micro, bool) or micro < 1:
             continue
-        samples = rows * n
-        if samples % dp or (samples // dp) % micro:
-            per_worker = samples / dp
-            fits = [d for d in range(1, int(per_worker) + 1) if per_worker == int(per_worker) and per_worker % d == 0]
+        per_worker, uneven = divmod(rows * n, dp)
+        if uneven or per_worker % micro:
+            fits = [] if uneven else [d for d in range(1, per_worker + 1) if per_worker % d == 0]
             problems.append(
                 f"{key}={micro}: a worker's batch is {what} {rows} x rollout.n {n} over {dp} data-parallel "
-                f"worker(s) = {per_worker:g} samples, which verl's engine cannot split into micro-batches of {micro}; "
+                f"worker(s) = {rows * n / dp:g} samples, which verl's engine cannot split into micro-batches of {micro}; "
                 f"use a divisor of it ({', '.join(map(str, fits[-4:])) or 'none: fix the batch sizes'}) or a "
                 "dynamic batch size"
             )

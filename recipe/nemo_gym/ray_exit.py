@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 
+from nemo_gym_adapter.procs import descendant_processes
+
 logger = logging.getLogger(__name__)
 
 GRACE_S = 10.0
@@ -32,19 +34,6 @@ def local_raylet_pids() -> list[int]:
         return []
 
 
-def workers_below(pids: list[int]) -> list:
-    """Every live descendant of ``pids`` as ``psutil.Process`` objects (pid + start time: never a reused pid)."""
-    import psutil
-
-    found = []
-    for pid in pids:
-        try:
-            found.extend(psutil.Process(pid).children(recursive=True))
-        except psutil.Error:
-            continue
-    return found
-
-
 def stop_stragglers(procs: list, grace_s: float = GRACE_S) -> list[tuple[int, str]]:
     """Wait up to ``grace_s`` for ``procs`` to exit, SIGKILL the rest; return the (pid, name) of those killed."""
     import psutil
@@ -58,7 +47,7 @@ def stop_stragglers(procs: list, grace_s: float = GRACE_S) -> list[tuple[int, st
             killed.append((p.pid, name))
         except psutil.Error:
             continue
-    psutil.wait_procs([p for p in alive], timeout=5)
+    psutil.wait_procs(alive, timeout=5)
     return killed
 
 
@@ -68,7 +57,7 @@ def shutdown() -> list[tuple[int, str]]:
 
     if not ray.is_initialized():
         return []
-    workers = workers_below(local_raylet_pids())
+    workers = descendant_processes(local_raylet_pids())
     ray.shutdown()
     killed = stop_stragglers(workers)
     if killed:

@@ -6,8 +6,9 @@ installed Gym, never committed here), ``${ngv_configs:<path>}`` → a file under
 ``gym_servers/`` (our own Gym servers' root, for ``NEMO_GYM_EXTRA_ROOTS``) and
 ``${ngv_tiny_model:<family>}`` → the deterministic tiny model (built on first use),
 ``${ngv_demo_model:<name>}`` → a real pretrained model (``smollm2``: SmolLM2-135M-Instruct; ``qwen2.5-coder-0.5b``: the
-Qwen2.5-Coder-0.5B-Instruct tool model; converted on first use, minutes) and ``${ngv_cpu_threads:<use_v1>,<trainer_mode>}`` → the
-CPU threads each computing process of a CPU run gets (``OMP_NUM_THREADS``), and ``${ngv_manager:<use_v1>}``
+Qwen2.5-Coder-0.5B-Instruct tool model; converted on first use, minutes),
+``${ngv_cpu_threads:<use_v1>,<trainer_mode>}`` → the CPU threads each computing process of a CPU run gets
+(``OMP_NUM_THREADS``) and ``${ngv_manager:<use_v1>}``
 → the rollout manager for verl's trainer (:data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS_V1` for the v1 trainer,
 :data:`~nemo_gym_adapter.recipe_config.MANAGER_CLASS` for the legacy one), so ``trainer.use_v1`` alone switches paths.
 """
@@ -80,13 +81,18 @@ def cpu_threads(use_v1: Any = True, trainer_mode: Any = "sync") -> str:
     import psutil
 
     cores = psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
-    sync = str(use_v1).lower() == "false" or str(trainer_mode) == "sync"
+    sync = _legacy_trainer(use_v1) or str(trainer_mode) == "sync"
     return str(cores if sync else max(1, cores // 2))
+
+
+def _legacy_trainer(use_v1: Any) -> bool:
+    """``trainer.use_v1`` as a resolver receives it (a bool, or its text inside an interpolation) says legacy."""
+    return use_v1 is False or str(use_v1).lower() == "false"
 
 
 def manager_class(use_v1: Any) -> str:
     """The rollout manager for ``trainer.use_v1`` (``${ngv_manager:${trainer.use_v1}}``)."""
-    return MANAGER_CLASS if use_v1 is False or str(use_v1).lower() == "false" else MANAGER_CLASS_V1
+    return MANAGER_CLASS if _legacy_trainer(use_v1) else MANAGER_CLASS_V1
 
 
 def register_resolvers() -> None:

@@ -10,6 +10,7 @@ import time
 
 import psutil
 
+from nemo_gym_adapter import procs
 from recipe.nemo_gym import ray_exit
 
 HUNG = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
@@ -56,11 +57,11 @@ def test_workers_are_the_descendants_of_the_given_pids_only():
         deadline = time.monotonic() + 10
         while not psutil.Process(parent.pid).children() and time.monotonic() < deadline:
             time.sleep(0.05)
-        found = {p.pid for p in ray_exit.workers_below([parent.pid])}
+        found = {p.pid for p in procs.descendant_processes([parent.pid])}
         grandchild = {p.pid for p in psutil.Process(parent.pid).children()}
         assert found == grandchild and len(found) == 1
         assert bystander.pid not in found and parent.pid not in found
-        assert ray_exit.workers_below([2**22 + 7]) == []  # no such pid: nothing, no error
+        assert procs.descendant_processes([2**22 + 7]) == []  # no such pid: nothing, no error
     finally:
         for p in psutil.Process(parent.pid).children(recursive=True):
             p.kill()
