@@ -65,6 +65,8 @@ def _compose(train_file: str, **extra: str):
         "trainer.nnodes=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        # and the step's train_batch_size x n by it for the log-probs: 2 x 2 over 2 ranks (the config's 8 is refused)
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
         *(f"{k}={v}" for k, v in extra.items()),
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
