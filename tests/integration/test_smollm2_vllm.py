@@ -75,7 +75,7 @@ def _turn(http: httpx.Client, messages: list[dict], max_tokens: int) -> dict[str
 
 # The slow tier (CI budget; docs/CI.md): the same patched vLLM serves this model through Gym in the default tier
 # (tests/integration/rollouts/test_smollm2_multi_turn.py: every multi-turn rollout spliced contiguous), and the splice
-# after a turn cut at its budget is every family's case in tests/unit/tokens/test_splice_property.py.
+# after a turn cut at its budget (no stop token) is tests/unit/tokens/test_splice.py's [no-stop] case.
 @pytest.mark.slow
 def test_vllm_serves_it_and_the_splice_keeps_three_turns_contiguous(server, model_dir, record_property):
     from transformers import AutoTokenizer
