@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.support.vllm_fixtures",
     "tests.support.gym_fixtures",
     "tests.support.ray_vllm_fixtures",
+    "tests.support.sigterm",
 ]
 
 

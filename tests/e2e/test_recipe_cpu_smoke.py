@@ -162,6 +162,10 @@ def _run_recipe(
             proc.terminate()  # SIGTERM: the recipe's own cleanup path
             proc.wait(timeout=120)
             pytest.fail(f"recipe did not finish in {TIMEOUT_S:.0f}s; log: {log_path}")
+        except BaseException:  # the session interrupted (Ctrl-C, or SIGTERM: tests/support/sigterm.py)
+            proc.terminate()  # the recipe stops Gym, Ray and its replicas itself
+            proc.wait(timeout=120)
+            raise
     wall = time.monotonic() - started
     if watcher is not None:
         watcher.stop()
