@@ -23,6 +23,10 @@ reaped_children = legacy.reaped_children  # this process reaps what the run leav
 MESSAGE = "error: actor_rollout_ref.rollout.name=sglang cannot start here: trainer.device=cpu: SGLang's engine runs"
 
 
+# The slow tier (CI budget; docs/CI.md): the message is check_engine_available's (tests/unit/recipe/test_backends.py),
+# the TaskRunner's start-up is every default e2e launch's, and the SGLang patch runs against SGLang's real serving
+# code in tests/integration/sglang/test_sglang_hook.py.
+@pytest.mark.slow
 def test_sglang_on_the_cpu_config_starts_up_to_the_engine_and_stops_naming_the_key(tmp_path, reaped_children):
     cmd = [
         sys.executable,

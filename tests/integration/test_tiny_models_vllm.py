@@ -42,10 +42,11 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-# llama3 in the slow tier (CI budget; docs/CI.md): it is served by vLLM through Ray by default in
-# tests/integration/vllm/test_patch_ray.py[llama3]; qwen25 and qwen3 have no other default-tier vLLM start of this kind.
+# Only qwen3 in the default tier (CI budget; docs/CI.md): llama3 is served by vLLM through Ray by default in
+# tests/integration/vllm/test_patch_ray.py[llama3], and qwen25 by every default-tier vLLM server (the session's
+# vllm_server, the patched launchers, each e2e replica); qwen3 has no other default-tier vLLM start.
 @pytest.mark.parametrize(
-    "family", [pytest.param(f, marks=pytest.mark.slow) if f == "llama3" else f for f in tm.FAMILIES]
+    "family", [f if f == "qwen3" else pytest.param(f, marks=pytest.mark.slow) for f in tm.FAMILIES]
 )
 def test_vllm_loads_renders_and_generates(tiny_model_dir, family, record_property):
     from transformers import AutoTokenizer

@@ -60,6 +60,9 @@ def test_script_up_then_sigterm_leaves_nothing_on_any_host(tmp_path):
     print(f"bed up {up['setup_s']:.1f}s (network {up['network_s']:.2f}s), down {down['teardown_s']:.1f}s")
 
 
+# The slow tier (CI budget; docs/CI.md): the bed's SIGTERM case above stops the same namespaces, hosts and processes;
+# this one proves the reaper for an owner that could not stop anything itself (SIGKILL).
+@pytest.mark.slow
 def test_owner_killed_outright_its_reaper_leaves_nothing_on_any_host(tmp_path):
     """SIGKILL (or a SIGTERM that aborts inside Ray once ``ray.init`` replaced the handlers): no close() runs."""
     with open(tmp_path / "bed.err", "wb") as err:
