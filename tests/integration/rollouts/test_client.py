@@ -208,8 +208,9 @@ def test_killed_agent_server_mid_batch_gives_server_down_records_not_a_hang(gym,
     Gym's legacy_agent relay retries a dead agent forever; the liveness guard (``nemo_gym_adapter.gym.liveness``) sees
     the agent die and cuts its rows as ``server_down`` within about a probe interval. The kill comes once this client
     holds a connection to the agent for every string_match row (forced 800-token answers: none can be verified that
-    soon); every string_match row then must end ``server_down``, and a tool-env row may end ``server_down`` only if Gym's launcher -- which polls its children once a
-    minute and then stops every server -- is gone by the end of the batch.
+    soon); every string_match row then must end ``server_down``, and a tool-env row may end ``server_down`` only if
+    Gym's launcher -- which polls its children once a minute and then stops every server -- is gone by the end of the
+    batch.
 
     The trigger was vLLM's count of running requests reaching the number of string_match rows: at CI's load the
     agent's rows reached vLLM at different times, the first were done before the last began, and the batch ended
