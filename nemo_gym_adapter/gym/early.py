@@ -6,6 +6,8 @@ Both recipe task runners wrap their start-up in :func:`early_gym_servers`; the r
 same process claims each server from its slot (``ray_head.claim_early_head``, ``warm.claim_early_warm``) and stops it
 at shutdown. This module is the only one that knows about both, so neither of the two imports the other's start-up.
 Before either starts, a watchdog (:mod:`nemo_gym_adapter.reaper`) is set on the run dir their pid records go to.
+It takes the ``nemo_gym:`` section already validated (the task runners pass ``load_config(config).gym``): the library
+never reads the recipe's whole config.
 """
 
 from __future__ import annotations
@@ -13,24 +15,22 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from nemo_gym_adapter import reaper
+from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.gym import ray_head, warm
 from nemo_gym_adapter.gym.ray_head import GymRayHead
-from nemo_gym_adapter.recipe_config import load_config
 
 
 @contextlib.contextmanager
-def early_gym_servers(config: Any) -> Iterator[GymRayHead | None]:
-    """Start Gym's Ray head now, if the trainer config (verl's, with our ``nemo_gym:`` section) wants one, for the
+def early_gym_servers(gym: NemoGymConfig) -> Iterator[GymRayHead | None]:
+    """Start Gym's Ray head now, if the run's ``nemo_gym:`` section wants one, for the
     rollout manager created later in this process to claim (``ray_head.claim_early_head``), and, with
     ``nemo_gym.warm_launcher``, a warm Gym launcher next to it (``warm.claim_early_warm``). On exit what nobody
     claimed (start-up failed before the manager existed) is stopped; what was claimed is the manager's to stop.
 
     First, for a Gym we start with a run dir: a watchdog that stops whatever the run dir's pid records name once
     this process is gone, however it died (``reaper.start_watchdog``)."""
-    gym = load_config(config, check_files=False).gym
     head = launcher = None
     if gym.head_url is None and gym.run_dir:  # before anything is recorded there (reaper module docstring)
         reaper.start_watchdog(Path(gym.run_dir))

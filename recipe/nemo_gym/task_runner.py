@@ -186,7 +186,8 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
         if notice:
             print(notice)
         OmegaConf.resolve(config)
-        with early_gym_servers(config):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
+        gym = load_config(config, check_files=False).gym  # the nemo_gym: section, validated by main
+        with early_gym_servers(gym):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
             self._run(config)
 
     def _run(self, config: Any) -> None:

@@ -55,6 +55,7 @@ import ray
 from omegaconf import OmegaConf
 
 from nemo_gym_adapter.gym.early import early_gym_servers
+from nemo_gym_adapter.recipe_config import load_config
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from recipe.nemo_gym import (  # advantage registers masked_grpo
     advantage,
@@ -302,7 +303,8 @@ class NemoGymTaskRunnerV1Impl:
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)
         self.config = config
-        with early_gym_servers(config):  # Gym's Ray head comes up while verl starts its workers and vLLM
+        gym = load_config(config, check_files=False).gym  # the nemo_gym: section, validated by main
+        with early_gym_servers(gym):  # Gym's Ray head comes up while verl starts its workers and vLLM
             self._run(trainer_cls, config)
 
     def _run(self, trainer_cls: type, config: Any) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym_adapter.config import NemoGymConfig, parse_section
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym import ray_head as gym_ray
 from nemo_gym_adapter.gym.early import early_gym_servers
@@ -20,7 +21,7 @@ from nemo_gym_adapter.gym.ray_head import GymRayHead, claim_early_head, head_com
 from nemo_gym_adapter.gym.servers import GymServers
 from tests.support.fake_gym_venv import fake_spec
 from tests.support.pids import wait_gone
-from tests.support.recipe_config import minimal_recipe_config
+from tests.support.recipe_config import GYM_CONFIG
 
 
 @pytest.fixture(autouse=True)
@@ -147,16 +148,17 @@ def test_a_head_that_never_comes_up_times_out(fake_gym_venv, tmp_path, monkeypat
     assert wait_gone(pids, 10.0) == []
 
 
-def _config(tmp_path: Path, venv: Path, **section) -> dict:
-    cfg = minimal_recipe_config(tmp_path)
-    cfg["nemo_gym"].update(gym_venv=str(venv), run_dir=str(tmp_path / "gym"), **section)
-    return cfg
+def _gym(tmp_path: Path, venv: Path, **section) -> NemoGymConfig:
+    """The run's ``nemo_gym:`` section, as the task runners hand it to ``early_gym_servers``."""
+    return parse_section(
+        {"config_paths": [GYM_CONFIG], "gym_venv": str(venv), "run_dir": str(tmp_path / "gym"), **section}
+    )
 
 
 def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(
     fake_gym_venv, tmp_path, watchdog_requests
 ):
-    cfg = _config(tmp_path, fake_gym_venv)
+    cfg = _gym(tmp_path, fake_gym_venv)
     with early_gym_servers(cfg) as head:
         assert head is not None and head.alive() and head.run_dir == tmp_path / "gym"
         assert watchdog_requests == [tmp_path / "gym"]  # set before the head started (reaper)
@@ -170,7 +172,7 @@ def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(
         assert unclaimed is not None
     assert not unclaimed.alive() and claim_early_head() is None
     for section in ({"ray_head": "gym"}, {"ray_head": "10.0.0.1:6379"}, {"head_url": "http://h:1", "config_paths": []}):
-        with early_gym_servers(_config(tmp_path, fake_gym_venv, **section)) as none:
+        with early_gym_servers(_gym(tmp_path, fake_gym_venv, **section)) as none:
             assert none is None
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nemo_gym_adapter.config import NemoGymConfig, parse_section
 from nemo_gym_adapter.gym import ray_head as gym_ray
 from nemo_gym_adapter.gym import warm as gym_warm
 from nemo_gym_adapter.gym.early import early_gym_servers
@@ -25,7 +26,7 @@ from nemo_gym_adapter.gym.warm import WarmLauncher, claim_early_warm, env_mismat
 from nemo_gym_adapter.gym.warm_boot import READY_LINE
 from tests.support.fake_gym_venv import fake_spec
 from tests.support.pids import wait_gone
-from tests.support.recipe_config import minimal_recipe_config
+from tests.support.recipe_config import GYM_CONFIG
 
 
 @pytest.fixture(autouse=True)
@@ -155,14 +156,15 @@ def test_driver_sweeps_a_warm_launcher_left_by_a_killed_trainer(fake_gym_venv, t
                 p.kill()
 
 
-def _config(tmp_path: Path, venv: Path, **section) -> dict:
-    cfg = minimal_recipe_config(tmp_path)
-    cfg["nemo_gym"].update(gym_venv=str(venv), run_dir=str(tmp_path / "gym"), **section)
-    return cfg
+def _gym(tmp_path: Path, venv: Path, **section) -> NemoGymConfig:
+    """The run's ``nemo_gym:`` section, as the task runners hand it to ``early_gym_servers``."""
+    return parse_section(
+        {"config_paths": [GYM_CONFIG], "gym_venv": str(venv), "run_dir": str(tmp_path / "gym"), **section}
+    )
 
 
 def test_early_start_holds_the_heads_token_is_claimed_or_stopped(fake_gym_venv, tmp_path):
-    cfg = _config(tmp_path, fake_gym_venv, env={"NGV_X": "1"})
+    cfg = _gym(tmp_path, fake_gym_venv, env={"NGV_X": "1"})
     with early_gym_servers(cfg) as head:
         assert isinstance(head, GymRayHead)
         warm = claim_early_warm()
@@ -179,7 +181,7 @@ def test_early_start_holds_the_heads_token_is_claimed_or_stopped(fake_gym_venv, 
         pids = claim_early_warm_pids()
     assert wait_gone(pids, 10.0) == [] and not head.alive()
     for section in ({"warm_launcher": False}, {"head_url": "http://h:1", "config_paths": []}):
-        with early_gym_servers(_config(tmp_path, fake_gym_venv, **section)):
+        with early_gym_servers(_gym(tmp_path, fake_gym_venv, **section)):
             assert claim_early_warm() is None
 
 
@@ -201,9 +203,7 @@ def test_a_launch_from_another_gym_venv_goes_cold(fake_gym_venv, tmp_path, caplo
 
 
 def test_a_warm_launcher_that_cannot_start_is_skipped_with_a_warning(tmp_path, caplog):
-    from nemo_gym_adapter.recipe_config import load_config
-
-    cfg = _config(tmp_path, tmp_path / "no-venv")  # no bin/gym, no bin/python
+    gym = _gym(tmp_path, tmp_path / "no-venv")  # no bin/gym, no bin/python
     with caplog.at_level(logging.WARNING, logger="nemo_gym_adapter.gym.warm"):
-        assert gym_warm.start_warm_for(load_config(cfg, check_files=False).gym, None) is None
+        assert gym_warm.start_warm_for(gym, None) is None
     assert "nemo_gym.warm_launcher: could not start" in caplog.text and "launch cold" in caplog.text
