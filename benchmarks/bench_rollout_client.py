@@ -61,12 +61,11 @@ import json, sys, time
 args = json.loads(sys.argv[1])
 sys.path.insert(0, args["repo"])
 from nemo_gym_adapter.rollouts.client import BlockingRolloutClient, RolloutClientConfig
-from nemo_gym_adapter.data.routing import GymRoutes
 
 rows = [json.loads(line) for line in open(args["rows"])]
 config = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)
 t0, c0 = time.monotonic(), time.process_time()
-with BlockingRolloutClient(GymRoutes.fetch_blocking(args["head_url"]), config) as client:
+with BlockingRolloutClient.connect(args["head_url"], config) as client:
     outcomes = client.run(rows)
 wall, cpu = time.monotonic() - t0, time.process_time() - c0
 result = {"n": len(outcomes), "wall_s": wall, "cpu_s": cpu, "ok": sum(o.ok for o in outcomes)}

@@ -54,9 +54,8 @@ import torch
 torch.set_num_threads(1)
 from nemo_gym_adapter.loop_thread import new_event_loop
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
-from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+from nemo_gym_adapter.rollouts.client import RolloutClientConfig, read_routes
 from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RolloutCore
-from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 
 rows = [json.loads(line) for line in open(args["rows"])]
@@ -77,7 +76,7 @@ def main():
     # verl's legacy manager: the core on its own event-loop thread, called synchronously (BlockingRolloutCore).
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MiB (Linux: KiB): the process before the step
     c0 = time.process_time()
-    routes = GymRoutes.fetch_blocking(args["head_url"])
+    routes = read_routes(args["head_url"])
     client = RolloutClientConfig(max_concurrency=args["concurrency"], timeout_s=args["timeout"], progress=False)
     core = RolloutCore(routes, TrajectoryConfig(prompt_length=P, response_length=R), client)
     setup_cpu_s = time.process_time() - c0  # routes from the head (a trainer does this once per Gym, not per step)

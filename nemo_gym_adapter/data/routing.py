@@ -16,14 +16,13 @@ This module gives the dataset and metrics one stable name per row and rejects ma
 (:func:`env_name_of`), and -- once a Gym runs -- maps each agent to the environment server whose ``/run`` serves it
 (:class:`GymRoutes`, what Gym 0.7's own collector computes): an environment server fronts every agent its config
 references (Gym 0.7 puts an auto ``legacy_agent`` relay in front of any agent without one); its host and port come
-from the head server's ``/global_config_dict_yaml``, with ``/server_instances`` as a fallback.
+from the head server's ``/global_config_dict_yaml``, with ``/server_instances`` as a fallback. Reading those two is
+:class:`nemo_gym_adapter.gym.head.GymHead`'s (the one reader of a head server); this module only computes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import difflib
-import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -193,32 +192,6 @@ class GymRoutes:
                         servers_by_agent.setdefault(str(ref["name"]), []).append(route)
         return cls(servers_by_agent, _task_source_agents(blocks))
 
-    @classmethod
-    def fetch_blocking(
-        cls, head_url: str, timeout_s: float = 30.0, headers: Mapping[str, str] | None = None
-    ) -> GymRoutes:
-        """Ask a running Gym's head server for its config and server instances (two GETs)."""
-        import urllib.parse
-
-        import yaml
-
-        head_url = head_url.rstrip("/")
-        config_payload = json.loads(_get(head_url, "/global_config_dict_yaml", timeout_s, headers))
-        # FastAPI wraps the YAML text in a JSON string; accept a plain mapping too.
-        # libyaml's safe loader when PyYAML has it (same documents, ~10x less CPU than the pure-Python one).
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        global_config = yaml.load(config_payload, Loader=loader) if isinstance(config_payload, str) else config_payload
-        instances = json.loads(_get(head_url, "/server_instances", timeout_s, headers))
-        if not isinstance(global_config, Mapping) or not isinstance(instances, list):
-            raise GymServerError(f"head server {head_url}: unexpected /global_config_dict_yaml or /server_instances")
-        head_host = urllib.parse.urlsplit(head_url).hostname or "127.0.0.1"
-        return cls.from_config(global_config, instances, head_host)
-
-    @classmethod
-    async def fetch(cls, head_url: str, timeout_s: float = 30.0, headers: Mapping[str, str] | None = None) -> GymRoutes:
-        """:meth:`fetch_blocking` without blocking the event loop (runs once per Gym, so a thread is fine)."""
-        return await asyncio.to_thread(cls.fetch_blocking, head_url, timeout_s, headers)
-
     @property
     def agents(self) -> list[str]:
         return sorted(self.servers_by_agent)
@@ -284,15 +257,3 @@ def _task_source_agents(blocks: Mapping[str, Mapping[str, Any]]) -> dict[str, st
             if len(candidates) == 1:
                 resolved[name] = str(candidates[0])
     return resolved
-
-
-def _get(head_url: str, path: str, timeout_s: float, headers: Mapping[str, str] | None = None) -> bytes:
-    import urllib.error
-    import urllib.request
-
-    try:
-        request = urllib.request.Request(f"{head_url}{path}", headers=dict(headers or {}))
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.read()
-    except (urllib.error.URLError, OSError) as e:
-        raise GymServerError(f"head server {head_url}: GET {path} failed: {e}") from e

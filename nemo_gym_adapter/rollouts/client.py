@@ -32,9 +32,10 @@ from typing import Any
 
 import aiohttp
 
-from nemo_gym_adapter.access.gym_guard import client_headers
 from nemo_gym_adapter.data.routing import GymRoutes, Unroutable
+from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym import capture
+from nemo_gym_adapter.gym.head import GymHead
 from nemo_gym_adapter.gym.liveness import StepGuard
 from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.progress import RolloutProgress
@@ -80,7 +81,18 @@ __all__ = [  # the records and knobs callers import from here (records, transpor
     "RolloutFailure",
     "RolloutOutcome",
     "apply_overrides",
+    "read_routes",
 ]
+
+
+def read_routes(head_url: str) -> GymRoutes:
+    """The routes of the Gym whose head server is ``head_url``, read through :class:`~nemo_gym_adapter.gym.head.GymHead`
+    (its config and server instances, with the run's key; its token-ID capture directory). ``GymServerError`` naming
+    the head server when nothing answers there."""
+    try:
+        return GymHead(head_url).routes()
+    except OSError as e:
+        raise GymServerError(f"Gym head server {head_url}: not reachable ({e})") from e
 
 
 def apply_overrides(row: Mapping[str, Any], agent: str, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -119,8 +131,8 @@ class RolloutClient:
 
     @classmethod
     async def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> RolloutClient:
-        """Fetch the routes from a running Gym's head server and return a ready client."""
-        return cls(await GymRoutes.fetch(head_url, headers=client_headers()), config)
+        """Read the routes from a running Gym's head server (:func:`read_routes`) and return a ready client."""
+        return cls(await asyncio.to_thread(read_routes, head_url), config)
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -258,8 +270,8 @@ class BlockingRolloutClient(BlockingFacade):
 
     @classmethod
     def connect(cls, head_url: str, config: RolloutClientConfig | None = None) -> BlockingRolloutClient:
-        """Fetch the routes from a running Gym's head server (blocking) and return a ready client."""
-        return cls(GymRoutes.fetch_blocking(head_url, headers=client_headers()), config)
+        """Read the routes from a running Gym's head server (blocking, :func:`read_routes`) and return a ready client."""
+        return cls(read_routes(head_url), config)
 
     def run(
         self,

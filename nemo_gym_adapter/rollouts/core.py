@@ -99,7 +99,7 @@ class RolloutCore:
     """Runs a step's rows through Gym and turns what comes back into trajectories and metrics (module docstring).
 
     Args:
-        routes: the running Gym's routes (``GymServers.routes()`` or ``GymRoutes.fetch``).
+        routes: the running Gym's routes (``GymServers.routes()`` or ``client.read_routes``).
         trajectory: lengths and masking policy of the trajectories (the trainer's prompt/response lengths).
         client: HTTP knobs (concurrency, timeout, retries, progress bar).
         success_threshold: reward at or above which a sample counts as a success (default: reward > 0).

@@ -145,7 +145,16 @@ GYM_CONFIG = {
     "env_1": {"environment_servers": {"legacy_agent": {"port": 9006, "agent_server": {"name": "twice"}}}},
     "env_2": {"environment_servers": {"legacy_agent": {"agent_server": {"name": "twice"}}}},
 }
-INSTANCES = [{"process_name": "env_2", "url": "http://10.0.0.7:9007"}]
+INSTANCES = [  # as Gym 0.7's head server lists them
+    {
+        "process_name": "env_2",
+        "server_type": "environment_servers",
+        "name": "legacy_agent",
+        "host": "10.0.0.7",
+        "port": 9007,
+        "url": "http://10.0.0.7:9007",
+    }
+]
 
 
 class FakeHeadServer(FakeEnvServer):

@@ -73,12 +73,11 @@ def run_core_step(
 ) -> Any:
     """``rows`` (all bound for ``agent``) through the rollout core against a running Gym, as a trainer step runs them:
     the core's ``StepResult``, the response budget being ``overrides["max_output_tokens"]``."""
-    from nemo_gym_adapter.data.routing import GymRoutes
-    from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+    from nemo_gym_adapter.rollouts.client import RolloutClientConfig, read_routes
     from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RolloutCore
     from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 
-    routes = GymRoutes.fetch_blocking(head_url)
+    routes = read_routes(head_url)
     config = TrajectoryConfig(prompt_length=prompt_length, response_length=overrides["max_output_tokens"])
     client = RolloutClientConfig(max_concurrency=16, timeout_s=600, progress=False)
     with BlockingRolloutCore(RolloutCore(routes, config, client)) as core:

@@ -74,7 +74,7 @@ def gym(vllm_server):
 
 @pytest.fixture(scope="module")
 def routes(gym) -> GymRoutes:
-    return GymRoutes.fetch_blocking(gym.head_url)
+    return gym.routes()
 
 
 def forced_answer(row: dict[str, Any]) -> dict[str, Any]:

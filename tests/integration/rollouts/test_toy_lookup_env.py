@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.gym.capture import ROLLOUT_ID_KEY
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym.servers import GymServers
@@ -79,7 +78,7 @@ def lookup_step(lookup_gym):
 
 
 def test_every_routing_form_reaches_the_lookup_agent(lookup_gym):
-    routes = GymRoutes.fetch_blocking(lookup_gym.head_url)
+    routes = lookup_gym.routes()
     forms = {"agent_ref": "toy_lookup_simple_agent", "task_source": "toy_lookup"}
     for key, value in forms.items():
         resolved = routes.resolve({key: value})

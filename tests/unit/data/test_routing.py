@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from nemo_gym_adapter.data.routing import GymRoutes, agent_ref_name, env_name_of
 from nemo_gym_adapter.errors import DatasetError, GymServerError
-from nemo_gym_adapter.procs import free_port
-from tests.support.fake_gym import GYM_CONFIG, INSTANCES, FakeHeadServer
+from tests.support.fake_gym import GYM_CONFIG, INSTANCES
 
 NAMES = st.text(alphabet=st.characters(categories=["L", "N"], include_characters="_-."), min_size=1, max_size=40)
 
@@ -105,18 +104,3 @@ def test_routes_from_gym_config():
 def test_route_without_address_names_the_server():
     with pytest.raises(GymServerError, match="env_2"):
         GymRoutes.from_config(GYM_CONFIG)
-
-
-async def test_routes_fetched_from_head_server():
-    head = FakeHeadServer()
-    try:
-        routes = await GymRoutes.fetch(head.url)
-    finally:
-        head.stop()
-    assert routes.resolve({"agent_ref": "weather_simple_agent"})[1].base_url == "http://127.0.0.1:9004"
-
-
-def test_unreachable_head_server_names_it():
-    url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(GymServerError, match=f"head server {url}"):
-        GymRoutes.fetch_blocking(url, timeout_s=2)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_gym_adapter.errors import AdapterConfigError, AdapterError
+from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError
 from nemo_gym_adapter.procs import free_port
 from nemo_gym_adapter.rollouts.client import (
     BlockingRolloutClient,
@@ -236,6 +236,26 @@ def test_blocking_client_connects_through_the_head_server(fake_server):
     assert {o.server for o in out} == {"weather_environment_server"}
     with pytest.raises(AdapterError, match="closed"):
         client.run(rows(1))
+
+
+async def test_client_connects_through_the_head_server_the_way_gym_routes():
+    head = FakeHeadServer()  # the weather agent's server from the config, env_2 from /server_instances only
+    try:
+        client = await RolloutClient.connect(head.url, fast())
+    finally:
+        head.stop()
+    try:
+        assert client.routes.resolve({"agent_ref": "weather_simple_agent"})[1].base_url == "http://127.0.0.1:9004"
+        assert client.routes.servers_by_agent["twice"][1].base_url == "http://10.0.0.7:9007"
+        assert client.routes.capture_dir is None  # the head's config has no token-ID capture
+    finally:
+        await client.close()
+
+
+def test_connecting_to_an_unreachable_head_server_names_it():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(GymServerError, match=f"Gym head server {url}: not reachable"):
+        BlockingRolloutClient.connect(url)
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5), st.lists, max_leaves=5)
