@@ -5,7 +5,7 @@ Variants, each run ``--repeat`` times, one Gym alive at a time:
 
 - ``ours``    ``GymServers.start`` (Gym starts its own Ray cluster): what the trainer does by default. Ready when
               every server instance and model endpoint answers, probed when Gym's log announces a server
-              (``gym_servers._serves``; with ``--vllm`` only: without a model Gym's own ``/health`` flag is awaited);
+              (``readiness.serves``; with ``--vllm`` only: without a model Gym's own ``/health`` flag is awaited);
 - ``by-hand`` the same ``gym env start`` typed by hand (hydra overrides, no wrapper), timed to head ``/health`` 200
               (Gym's own flag, set after its fixed 3 s polling rounds): the baseline;
 - ``ray-up``  ``GymServers.start`` joining a Ray head (``gym_ray.GymRayHead``: Gym's venv, no dashboard) that is

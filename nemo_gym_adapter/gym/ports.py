@@ -86,7 +86,7 @@ _BIND_FAILED = re.compile(
     r".*address already in use",
     re.MULTILINE | re.IGNORECASE,
 )
-BIND_FAILED_MARKER = b"address already in use"  # what wakes the launcher-log watch (servers._READY_MARKERS)
+BIND_FAILED_MARKER = b"address already in use"  # what wakes the launcher-log watch (readiness.READY_MARKERS)
 
 
 def port_collisions(log_text: str) -> list[tuple[str, int]]:

@@ -6,7 +6,8 @@ We never import ``nemo_gym`` (it rewrites ``sys.path``, ``HF_HOME`` and ``builti
 launch is HTTP against the head server: ``/health`` (200 only once every server and model endpoint answers),
 ``/server_instances`` and ``/global_config_dict_yaml``. :meth:`GymServers.start` returns as soon as that condition
 holds (every instance and model endpoint answers), checked whenever Gym's log announces a server, instead of waiting
-for the head's flag, which Gym's launcher sets after its own fixed 3 s polling rounds (``GymServers._serves``).
+for the head's flag, which Gym's launcher sets after its own fixed 3 s polling rounds
+(:mod:`~nemo_gym_adapter.gym.readiness`, which also names the culprit when Gym does not come up).
 
     with GymServers.start(GymLaunchSpec(config_paths=[...], policy_base_url=["127.0.0.1:8000"],
                                         policy_model_name="m")) as gym:
@@ -27,17 +28,16 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from nemo_gym_adapter import paths
 from nemo_gym_adapter.access import gym_guard
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
-from nemo_gym_adapter.gym.head import GymHead, GymServerInstance, answers, http_get
+from nemo_gym_adapter.gym import readiness
+from nemo_gym_adapter.gym.head import GymHead, GymServerInstance, http_get
 from nemo_gym_adapter.gym.launch import (
     TRAINING_MODEL_CONFIG,
     GymLaunchSpec,
@@ -47,24 +47,16 @@ from nemo_gym_adapter.gym.launch import (
     launch_env,
     resolve_config_paths,
 )
-from nemo_gym_adapter.gym.ports import (
-    BIND_FAILED_MARKER,
-    HEAD_SERVER,
-    GymPortInUseError,
-    free_port_in,
-    port_collisions,
-    safe_port_range,
-)
+from nemo_gym_adapter.gym.ports import HEAD_SERVER, GymPortInUseError, free_port_in, safe_port_range
 from nemo_gym_adapter.gym.ray_head import GymRayHead
 from nemo_gym_adapter.gym.warm import WarmLauncher
-from nemo_gym_adapter.procs import LogWatch, SessionProcess, alive, log_tail, session_members
+from nemo_gym_adapter.procs import SessionProcess, alive, session_members
 from nemo_gym_adapter.reaper import write_pid_record
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
 
 logger = logging.getLogger(__name__)
 PID_FILE = "gym.pid"  # in a launch's run dir from its launch until it is stopped (reaper; the manager rewrites it)
-_CRASHED = re.compile(r"Process `([^`]+)` finished unexpectedly")
 
 
 class GymServers(GymHead):
@@ -167,7 +159,7 @@ class GymServers(GymHead):
         gym._record = run_dir / PID_FILE
         gym.ray_head, gym.ray_wait_seconds, gym.warm = ray_head, ray_wait_s, warm_used
         try:
-            gym._wait_ready(t0 + spec.startup_timeout_s, spec)
+            readiness.wait_ready(gym, launcher, t0 + spec.startup_timeout_s, spec, run_dir)
             if spec.access_key is not None:  # every server refuses a keyless request, or the launch stops
                 gym_guard.check_guarded(gym.base_urls())
         except BaseException:
@@ -283,121 +275,6 @@ class GymServers(GymHead):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # ------------------------------------------------------------------ readiness
-    def _wait_ready(self, deadline: float, spec: GymLaunchSpec) -> None:
-        """Return once Gym can serve rollouts (:meth:`_serves`); probes run when Gym's log says a server came up."""
-        launcher = self._launcher
-        assert launcher is not None  # only start() waits
-        log = LogWatch(launcher.log_path, _READY_MARKERS)
-        while True:
-            lost = port_collisions(launcher.tail(400))
-            if lost:  # Gym stops everything within a polling round anyway (or, for the head, waits forever)
-                server, port = lost[0]
-                raise GymPortInUseError(
-                    f"NeMo Gym ({self.head_url}): {server} could not bind port {port}: address already in use\n"
-                    f"--- last lines of {launcher.log_path} ---\n{launcher.tail(20)}",
-                    server=server,
-                    port=port,
-                    run_dir=self.run_dir,
-                )
-            if not launcher.alive():
-                raise _start_failure(
-                    self, launcher, f"exited with code {launcher.popen.returncode} before becoming ready"
-                )
-            if self._serves(spec):
-                return
-            if time.monotonic() > deadline:
-                raise _start_failure(self, launcher, f"not ready after {spec.startup_timeout_s:.0f}s", spec)
-            log.wait(min(_FALLBACK_PROBE_S, max(0.0, deadline - time.monotonic())))
-
-    def _serves(self, spec: GymLaunchSpec) -> bool:
-        """Gym's own readiness condition, checked by us as soon as it may hold.
-
-        Gym's launcher marks its head ready (``/health`` 200) once every server instance answers HTTP and every model
-        endpoint answers, but it checks on a fixed 3 s cadence (and 3 s for the head itself). The same condition,
-        read from the head's ``/server_instances`` and the config's model ``base_url``s, holds up to a few seconds
-        earlier; nothing in a rollout depends on the head's flag. With Gym's model wait switched off
-        (``model_endpoint_readiness_timeout_seconds <= 0``) only Gym's own ``/health`` counts.
-        """
-        try:
-            status, _ = http_get(f"{self.head_url}/health", timeout=3.0)
-        except OSError:
-            return False  # the head server itself is not up yet
-        if status == 200:
-            return not self.unready_instances()
-        if float(spec.config_overrides.get("model_endpoint_readiness_timeout_seconds", 1)) <= 0:
-            return False
-        try:
-            # Read (once, cached) while the servers still start, not after the last one answers: parsing Gym's
-            # config is ~0.1 s that would otherwise sit at the end of the critical path.
-            endpoints = model_endpoints(self.global_config())
-            instances = self.server_instances()
-        except (OSError, GymServerError):
-            return False
-        # Gym publishes the instance list once every server process is spawned; before that it is empty.
-        if not instances or any(not answers(inst.url) for inst in instances.values()):
-            return False
-        return bool(endpoints) and all(answers(_probe_url(url)) for url in endpoints)
-
-
-# Without a log line that announces a server, probe this often anyway (a quiet server, another log format).
-_FALLBACK_PROBE_S = 1.0
-# What Gym's launcher log says when something became reachable: uvicorn binding (head and every server, whose
-# output Gym copies into the launcher's stdout) and Gym's own "All N / N servers ready!". Our own probes make the
-# head log access lines, which must not count as events, so only these do.
-# A server's failed bind wakes it too (ports.port_collisions).
-_READY_MARKERS = (b"Uvicorn running on", b"servers ready", BIND_FAILED_MARKER)
-
-
-def model_endpoints(config: dict[str, Any]) -> list[str]:
-    """The model ``base_url``s Gym waits for before it calls itself ready (every ``responses_api_models`` block's
-    ``*base_url`` keys, a string or a list), deduplicated, in config order."""
-    urls: list[str] = []
-    for block in config.values():
-        models = block.get("responses_api_models") if isinstance(block, dict) else None
-        if not isinstance(models, dict):
-            continue
-        for server in models.values():
-            if not isinstance(server, dict):
-                continue
-            for key, value in server.items():
-                if str(key).endswith("base_url"):
-                    for url in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
-                        if isinstance(url, str) and url and url.rstrip("/") not in urls:
-                            urls.append(url.rstrip("/"))
-    return urls
-
-
-def _probe_url(base_url: str) -> str:
-    """What Gym GETs to see a model endpoint answer: ``<base>/models`` for an OpenAI ``/v1`` URL, else the URL."""
-    return f"{base_url}/models" if base_url.endswith("/v1") else base_url
-
 
 def _connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "") else host
-
-
-def _start_failure(
-    gym: GymServers, launcher: SessionProcess, why: str, spec: GymLaunchSpec | None = None
-) -> GymServerError:
-    """A GymServerError naming the culprit (crashed server, unready servers, unreachable model) + log tails."""
-    text = launcher.tail(400)
-    crashed = _CRASHED.findall(text)
-    if crashed:
-        culprits, detail = crashed, "crashed"
-    elif not answers(f"{gym.head_url}/health"):
-        state = "still starting (parsing config, starting Ray)" if launcher.alive() else "gone (config error?)"
-        culprits, detail = ["head server"], f"launcher {state}; not up"
-    else:
-        culprits = [n for n in gym.unready_instances() if n != "head server"]
-        detail = "not answering"
-        if not culprits and spec is not None:
-            culprits = [u for u in spec.policy_base_url if not answers(f"{u}/models")]
-            detail = "model endpoint not answering (Gym waits for it)"
-    parts = [f"NeMo Gym ({gym.head_url}): {why}; {detail}: {', '.join(culprits) or '-'}"]
-    for name in culprits:
-        server_log = (gym.run_dir or Path(".")) / "servers" / f"{name.replace('/', '_')}.log"
-        if server_log.exists():
-            parts.append(f"--- last lines of {server_log} ---\n{log_tail(server_log, 30)}")
-    parts.append(f"--- last lines of {launcher.log_path} ---\n{launcher.tail(40)}")
-    return GymServerError("\n".join(parts))

@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 from nemo_gym_adapter.errors import GymServerError
-from nemo_gym_adapter.gym.head import GymServerInstance
 from nemo_gym_adapter.gym.servers import GymServers
 from tests.support.fake_gym_venv import fake_spec
 from tests.support.pids import alive_pids
@@ -114,59 +113,6 @@ def test_ready_when_every_server_and_model_answers_before_gyms_own_flag(fake_gym
             )
     finally:
         models.shutdown()
-
-
-def test_gyms_config_is_read_while_servers_still_start_not_after_the_last_answers(monkeypatch):
-    """The model endpoints come from Gym's config (parsed once, cached): read on the first check after the head
-    answers, so the check run when the last server comes up is only the HTTP probes."""
-    from nemo_gym_adapter.gym import servers as gs
-
-    gym = GymServers("http://127.0.0.1:9")
-    reads: list[str] = []
-    monkeypatch.setattr(gs, "http_get", lambda url, timeout=5.0: (503, b"{}"))  # head up, its own flag not set
-    monkeypatch.setattr(gym, "global_config", lambda refresh=False: reads.append("config") or {})
-    inst = GymServerInstance(process_name="a", server_type="t", name="n", host="h", port=1, url="http://h:1")
-    monkeypatch.setattr(gym, "server_instances", lambda: {"a": inst})
-    monkeypatch.setattr(gs, "answers", lambda url: False)  # no server answers yet
-    assert gym._serves(fake_spec(Path("/nonexistent"), Path("/tmp"))) is False
-    assert reads == ["config"]
-
-
-def test_log_events_wake_on_a_server_announcement_only(tmp_path):
-    from nemo_gym_adapter.gym.servers import _READY_MARKERS
-    from nemo_gym_adapter.procs import LogWatch
-
-    log = tmp_path / "gym.log"
-    log.write_bytes(b"")
-    events = LogWatch(log, _READY_MARKERS)
-    with open(log, "ab") as f:
-        f.write(b'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503 Service Unavailable\n')
-    assert events.wait(0.1) is False  # our own probes' access lines are not events
-
-    def announce():
-        time.sleep(0.3)
-        with open(log, "ab") as f:
-            f.write(b"(policy_model) INFO:     Uvicorn run")
-            f.flush()
-            time.sleep(0.1)
-            f.write(b"ning on http://127.0.0.1:5 (Press CTRL+C to quit)\n")
-
-    threading.Thread(target=announce).start()
-    t0 = time.monotonic()
-    assert events.wait(5) is True  # split across two writes, still seen
-    assert time.monotonic() - t0 < 2
-
-
-def test_model_endpoints_mirror_gyms_list():
-    from nemo_gym_adapter.gym.servers import model_endpoints
-
-    cfg = {
-        "policy_model": {"responses_api_models": {"vllm_model": {"base_url": ["http://a:1/v1/", "http://b:2/v1"]}}},
-        "judge": {"responses_api_models": {"openai_model": {"openai_base_url": "http://a:1/v1", "port": 3}}},
-        "env": {"resources_servers": {"x": {"base_url": "http://not-a-model"}}},
-        "policy_base_url": "http://ignored/v1",
-    }
-    assert model_endpoints(cfg) == ["http://a:1/v1", "http://b:2/v1"]
 
 
 def _fake_gym_pids(tmp_path: Path) -> list[int]:
