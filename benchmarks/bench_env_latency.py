@@ -93,7 +93,7 @@ def summarize(steps: dict[int, dict[str, float]], skip: int, window: int, sample
 
 
 def report(root: Path, skip: int, window: int, samples_per_step: int) -> int:
-    from recipe.nemo_gym.reward_curve import load_step_metrics
+    from recipe.nemo_gym.reporting.curve import load_step_metrics
 
     runs = json.loads((root / "runs.json").read_text())
     table: dict[str, dict[str, float]] = {}

@@ -4,7 +4,7 @@
 Runs ``python -m recipe.nemo_gym.main --config-name nemo_gym_cpu`` as a subprocess on ``configs/gym/toy_choice.yaml``
 (four-option quiz whose answer is always "A"; a random model starts near 1/4), with verl's file logger on. Then it
 prints the reward per step, the first-5 vs last-5 mean reward (difference and ratio), the wall time per step (verl's
-``timing_s/step``) and the start-up time, and writes the reward curve PNG (``recipe/nemo_gym/reporting.py``).
+``timing_s/step``) and the start-up time, and writes the reward curve PNG (``recipe/nemo_gym/reporting/report.py``).
 
     .venv/bin/python benchmarks/bench_grpo_toy.py [--steps 30] [--lr 1e-3] [--batch 8] [--n 8] [-- hydra overrides...]
     .venv/bin/python benchmarks/bench_grpo_toy.py --metrics logs/bench_grpo_toy/<run>/metrics.jsonl   # report only
@@ -105,7 +105,7 @@ def recipe_command(args: argparse.Namespace, out_dir: Path) -> list[str]:
 
 def run_recipe(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, float]:
     """Run the recipe in its own session (stopped with everything it started on timeout / Ctrl-C)."""
-    from nemo_gym_adapter.procs import SessionProcess
+    from nemo_gym_adapter.runtime.procs import SessionProcess
 
     log = out_dir / "recipe.log"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
@@ -127,8 +127,8 @@ def run_recipe(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, floa
 
 def report(metrics: Path, png: Path, window: int, wall_s: float | None = None) -> bool:
     """Print the curve, the first/last window means and timings; write the PNG. True if the reward went up."""
-    from recipe.nemo_gym.reporting import write_report
-    from recipe.nemo_gym.reward_curve import load_reward_curve, window_summary
+    from recipe.nemo_gym.reporting.curve import load_reward_curve, window_summary
+    from recipe.nemo_gym.reporting.report import write_report
 
     print(write_report(metrics, png, window=window, table=True, wall_s=wall_s))
     return window_summary(load_reward_curve(metrics), k=window)["difference"] > 0
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = out_dir / "metrics.jsonl"
     print(f"recipe exit status {code} after {wall:.0f}s", file=sys.stderr)
     if not metrics.is_file() or metrics.stat().st_size == 0:
-        from nemo_gym_adapter.procs import log_tail
+        from nemo_gym_adapter.runtime.procs import log_tail
 
         print(
             f"no metrics were logged; last lines of {out_dir / 'recipe.log'}:\n{log_tail(out_dir / 'recipe.log', 60)}"

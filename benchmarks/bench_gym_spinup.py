@@ -49,12 +49,12 @@ from pydantic import SecretStr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nemo_gym_adapter import paths  # noqa: E402
 from nemo_gym_adapter.access import gym_guard  # noqa: E402
 from nemo_gym_adapter.gym.ray_head import GymRayHead  # noqa: E402
 from nemo_gym_adapter.gym.servers import GymServers  # noqa: E402
 from nemo_gym_adapter.gym.warm import WarmLauncher  # noqa: E402
-from nemo_gym_adapter.procs import SessionProcess, free_port  # noqa: E402
+from nemo_gym_adapter.runtime import paths  # noqa: E402
+from nemo_gym_adapter.runtime.procs import SessionProcess, free_port  # noqa: E402
 from tests.support.gym_fixtures import (  # noqa: E402
     SINGLE_TOOL_CALL_AGENT,
     SINGLE_TOOL_CALL_CONFIG,

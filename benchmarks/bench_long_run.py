@@ -36,7 +36,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from recipe.nemo_gym.reward_curve import (  # noqa: E402
+from recipe.nemo_gym.reporting.curve import (  # noqa: E402
     ALL_SCOPE,
     MetricsFileError,
     RewardCurve,
@@ -63,7 +63,7 @@ def role_of(proc: psutil.Process, driver: int, gym_sessions: set[int]) -> str:
         return f"ray::{m.group(1)}"
     if m := _TITLE.match(cmd[0] if cmd else ""):  # e.g. VLLM::EngineCore
         return m.group(0)
-    if "nemo_gym_adapter.reaper" in title:
+    if "nemo_gym_adapter.runtime.reaper" in title:
         return "watchdog"
     if sid in gym_sessions:
         return "gym::ray" if ("raylet" in title or "gcs_server" in title or "ray/" in title) else "gym"
@@ -95,7 +95,7 @@ def sample(driver: int, run_dir: Path, seen_sessions: set[int]) -> dict[str, dic
     for p in psutil.process_iter():
         try:
             cmd = " ".join(p.cmdline())
-            if os.getsid(p.pid) in seen_sessions or ("nemo_gym_adapter.reaper" in cmd and str(run_dir) in cmd):
+            if os.getsid(p.pid) in seen_sessions or ("nemo_gym_adapter.runtime.reaper" in cmd and str(run_dir) in cmd):
                 procs.setdefault(p.pid, p)
         except (psutil.Error, OSError):
             continue

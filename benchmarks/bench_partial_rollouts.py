@@ -100,7 +100,7 @@ def summarize(steps: dict[int, dict[str, float]]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from recipe.nemo_gym.reward_curve import load_step_metrics
+    from recipe.nemo_gym.reporting.curve import load_step_metrics
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config-name", default="nemo_gym_cpu")

@@ -4,7 +4,7 @@ Synthetic multi-turn tool-calling results in Gym's shape (ids on the last item o
 between calls, a contiguous history). Timed stages, each from the previous stage's output:
 
 * ``parse``: validation of the ``/run`` JSON objects (pydantic; the token lists by one C-level pass over their
-  element types, :class:`nemo_gym_adapter.wire.OutputItem`; in training this happens as each result arrives);
+  element types, :class:`nemo_gym_adapter.wire.payloads.OutputItem`; in training this happens as each result arrives);
 * ``build``: :func:`build_trajectory` per row (contiguity check, spans, budget/truncation, numpy arrays);
 * ``pad``:   :func:`pad_trajectories` for the whole batch (vectorised);
 * ``naive``: a per-token Python loop doing build + pad from the raw dicts, as a baseline;
@@ -42,11 +42,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also runs from a checkout that is not installed
 
-from nemo_gym_adapter import paths  # noqa: E402
 from nemo_gym_adapter.rollouts.builder import build_trajectory  # noqa: E402
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig  # noqa: E402
-from nemo_gym_adapter.wire import parse_run_result  # noqa: E402
+from nemo_gym_adapter.runtime import paths  # noqa: E402
+from nemo_gym_adapter.wire.payloads import parse_run_result  # noqa: E402
 
 PAD = 0
 ANCHOR_FILE = "verl-recipe-nemo_gym-agent_loop.py"

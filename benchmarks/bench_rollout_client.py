@@ -189,7 +189,7 @@ def run_gym(gym_python: Path, head_url: str, rows_path: Path, concurrency: int, 
 
 def start_fake_gym(stack: ExitStack, delay: float, tokens: int, workdir: Path) -> str:
     """Start the stand-in Gym in a subprocess (stopped with ``stack``); return its head URL."""
-    from nemo_gym_adapter.procs import ManagedProcess, free_port
+    from nemo_gym_adapter.runtime.procs import ManagedProcess, free_port
 
     head_port, env_port = free_port(), free_port()
     payload = {"head_port": head_port, "env_port": env_port, "delay": delay, "tokens": tokens}
@@ -227,8 +227,8 @@ def start_real_gym(args: argparse.Namespace, stack: ExitStack, workdir: Path) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nemo_gym_adapter import paths
     from nemo_gym_adapter.gym.launch import gym_package_root
+    from nemo_gym_adapter.runtime import paths
 
     gym_root = Path(gym_package_root(paths.gym_venv()))
     sampling = {"max_output_tokens": args.max_output_tokens, "temperature": args.temperature}

@@ -52,7 +52,7 @@ args = json.loads(sys.argv[1])
 sys.path.insert(0, args["repo"])
 import torch
 torch.set_num_threads(1)
-from nemo_gym_adapter.loop_thread import new_event_loop
+from nemo_gym_adapter.runtime.loop_thread import new_event_loop
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig, read_routes
 from nemo_gym_adapter.rollouts.core import BlockingRolloutCore, RolloutCore
@@ -217,10 +217,10 @@ def spread(values: list[float], fmt: str = "{:.2f}") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nemo_gym_adapter import paths
     from nemo_gym_adapter.demo_models import build_tiny_model
     from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, gym_package_root
     from nemo_gym_adapter.gym.servers import GymServers
+    from nemo_gym_adapter.runtime import paths
 
     gym_root = gym_package_root(paths.gym_venv())
     gym_python = paths.gym_venv() / "bin" / "python"

@@ -93,7 +93,7 @@ class LoadSampler:
 def run_variant(cmd: list[str], out_dir: Path, timeout: float) -> tuple[int, float]:
     """Run the recipe in its own session (everything it started is stopped on timeout or Ctrl-C); our tree first
     on every process's path (Ray workers too: PYTHONPATH is inherited)."""
-    from nemo_gym_adapter.procs import SessionProcess
+    from nemo_gym_adapter.runtime.procs import SessionProcess
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
@@ -199,7 +199,7 @@ def print_variant(name: str, rows: list[dict[str, float]], info: dict[str, float
 
 
 def report(root: Path) -> int:
-    from recipe.nemo_gym.reward_curve import load_step_metrics
+    from recipe.nemo_gym.reporting.curve import load_step_metrics
 
     info = json.loads((root / "runs.json").read_text())
     summaries: dict[str, dict[str, float]] = {}

@@ -74,7 +74,7 @@ def summarize(steps: dict[int, dict[str, float]], window: int) -> dict[str, floa
 def main(argv: list[str] | None = None) -> int:
     import bench_grpo_toy as toy
 
-    from recipe.nemo_gym.reward_curve import load_step_metrics
+    from recipe.nemo_gym.reporting.curve import load_step_metrics
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=10)

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from nemo_gym_adapter import paths  # noqa: E402
+from nemo_gym_adapter.runtime import paths  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -242,8 +242,8 @@ def inventory(root: Path) -> list[EnvRecord]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nemo_gym_adapter import paths
     from nemo_gym_adapter.gym.launch import gym_package_root
+    from nemo_gym_adapter.runtime import paths
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", type=Path, help="write every record as JSON")

@@ -1,6 +1,6 @@
 """What a model's tool calls are worth per environment, from ``python -m nemo_gym_adapter.collect --output`` files:
 rollouts, reward and success, the multi-turn share (two or more model calls), calls per rollout, the share of calls
-that fit the tool's schema (``nemo_gym_adapter.tool_calls``) and that name an unknown tool, rollouts without any call,
+that fit the tool's schema (``nemo_gym_adapter.wire.tool_calls``) and that name an unknown tool, rollouts without any call,
 contiguity and masked rates. Used to choose the tool model's environments by measurement (docs/BENCHMARKS.md).
 
     python benchmarks/tool_rollouts_report.py rollouts.jsonl [more.jsonl ...] [--json]
@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter.wire import parse_run_result
+from nemo_gym_adapter.wire.payloads import parse_run_result
 
 
 def rollout_fields(record: dict[str, Any]) -> dict[str, Any] | None:

@@ -163,7 +163,7 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]
     from nemo_gym_adapter.access import key as access_key
     from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
     from nemo_gym_adapter.gym.servers import GymServers
-    from nemo_gym_adapter.policy import read_model_card
+    from nemo_gym_adapter.wire.policy import read_model_card
 
     configs = [env.config for env in bundled]
     base_url, name = args.policy_base_url, args.model_name
@@ -276,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     # Heavy imports only after the arguments are known to be good (STYLE.md §2).
-    from nemo_gym_adapter import paths
     from nemo_gym_adapter.data.dataset import check_gym_jsonl, load_gym_jsonl
     from nemo_gym_adapter.errors import AdapterError
     from nemo_gym_adapter.gym.catalogue import bundled_env
@@ -285,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     from nemo_gym_adapter.rollouts.client import RolloutClientConfig
     from nemo_gym_adapter.rollouts.core import RolloutCore
     from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
+    from nemo_gym_adapter.runtime import paths
 
     try:
         with ExitStack() as stack:

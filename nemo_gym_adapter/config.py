@@ -1,7 +1,7 @@
 """Our ``nemo_gym:`` section: every key, its default and its check (the one place a new key goes).
 
 Validated once, at start-up, before any heavy import, together with the verl keys the adapter depends on
-(:func:`nemo_gym_adapter.recipe_config.load_config`); every error names the full dotted key, the bad value and the
+(:func:`recipe.nemo_gym.config.load.load_config`); every error names the full dotted key, the bad value and the
 fix, and all problems are reported together. Everything else reads attributes of the returned
 :class:`NemoGymConfig` -- no ``cfg.get("key", default)`` chains elsewhere (STYLE.md §3). A new key: a field here
 (with its default and why), a line below, a row in ``configs/base/nemo_gym_recipe.yaml``, and, when users set it,
@@ -45,7 +45,7 @@ in the README's keys table.
                          on_exceed: recompute}   # rollout log-probs as the old ones, guarded (recipe logprob_guard)
 
 The rules that span our section and verl's keys (estimators, GDPO, group filtering, the engine) are
-:mod:`nemo_gym_adapter.recipe_checks`; the whole config is read by :mod:`nemo_gym_adapter.recipe_config`.
+:mod:`recipe.nemo_gym.config.checks`; the whole config is read by :mod:`recipe.nemo_gym.config.load`.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class AccessSection(_Section):
 class TrustedLogprobsSection(_Section):
     """``nemo_gym.trusted_logprobs``: the rollout's log-probs as PPO's old ones (verl's ``bypass_mode``, switched per
     step), vouched for by a guard that recomputes on the first step and every ``check_every`` steps and falls back (or
-    stops) when the gap passes a bound (``recipe.nemo_gym.logprob_guard``)."""
+    stops) when the gap passes a bound (``recipe.nemo_gym.algorithms.logprob_guard``)."""
 
     enable: bool = False
     check_every: int = Field(10, ge=0, description="a recompute every N steps after the first; 0: the first only")

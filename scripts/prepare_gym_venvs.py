@@ -40,8 +40,8 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # so the script also runs from a checkout that is not pip-installed
 
-from nemo_gym_adapter import paths  # noqa: E402  (stdlib-only module)
 from nemo_gym_adapter.gym import server_venvs as sv  # noqa: E402  (stdlib-only module)
+from nemo_gym_adapter.runtime import paths  # noqa: E402  (stdlib-only module)
 
 # Every server implementation our shipped configs and tests spin up (`environment_servers/legacy_agent` is the relay
 # Gym 0.7 puts in front of any agent without an environment server, so it is always needed).

@@ -34,7 +34,7 @@ def no_orphan_processes():
     import psutil
 
     yield
-    from nemo_gym_adapter import procs
+    from nemo_gym_adapter.runtime import procs
 
     procs.stop_all()
     try:

@@ -210,7 +210,7 @@ def _install_inside_actor(actor_self: Any, key: str) -> GuardReport:
     """Runs inside a live server actor via ``__ray_call__``."""
     from dataclasses import replace
 
-    from nemo_gym_adapter.server_actors import actor_identity
+    from nemo_gym_adapter.runtime.server_actors import actor_identity
 
     report = install_guard([key])
     name, node_ip = actor_identity(actor_self)
@@ -221,7 +221,7 @@ def install_on_actors(actor_handles: Mapping[str, Any], key: str, timeout: float
     """:func:`install_guard` with ``key`` inside every rollout server actor (verl's ``vllm_server_*`` or
     ``sglang_server_*``, any engine: the guard is Starlette's); one report per actor, or a ``ServerError`` naming the
     actor that failed or did not answer. The key travels as a Ray task argument, never logged."""
-    from nemo_gym_adapter.server_actors import call_on_actors
+    from nemo_gym_adapter.runtime.server_actors import call_on_actors
 
     return call_on_actors(
         actor_handles, _install_inside_actor, key, timeout=timeout, what="rollout server access guard"

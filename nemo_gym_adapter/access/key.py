@@ -33,7 +33,7 @@ from pydantic import SecretStr
 
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import AdapterConfigError
-from nemo_gym_adapter.policy import auth_headers as bearer
+from nemo_gym_adapter.wire.policy import auth_headers as bearer
 
 logger = logging.getLogger(__name__)
 

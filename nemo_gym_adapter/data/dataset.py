@@ -50,7 +50,7 @@ from nemo_gym_adapter.data.routing import env_name_of
 from nemo_gym_adapter.data.rows import GymRows, raw_prompt, validate_row
 from nemo_gym_adapter.data.store import StoredRows
 from nemo_gym_adapter.errors import DatasetError
-from nemo_gym_adapter.wire import parse_dataset_row
+from nemo_gym_adapter.wire.payloads import parse_dataset_row
 
 logger = logging.getLogger(__name__)
 

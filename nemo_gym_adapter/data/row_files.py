@@ -9,7 +9,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from nemo_gym_adapter import paths
+from nemo_gym_adapter.runtime import paths
 
 
 def write_jsonl(rows: Iterable[dict], path: Path) -> None:

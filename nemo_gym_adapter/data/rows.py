@@ -23,7 +23,7 @@ from nemo_gym_adapter.data import store as dataset_store
 from nemo_gym_adapter.data.routing import env_name_of
 from nemo_gym_adapter.data.store import StoredRows
 from nemo_gym_adapter.errors import DatasetError
-from nemo_gym_adapter.wire import RESPONSES_CREATE_PARAMS_FIELDS, describe_validation_error, parse_dataset_row
+from nemo_gym_adapter.wire.payloads import RESPONSES_CREATE_PARAMS_FIELDS, describe_validation_error, parse_dataset_row
 
 _PARAMS_KEY = "responses_create_params"
 

@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.demo_models.conversion_steps import (
     GGUF_PACKAGE,
     ConversionError,
@@ -49,6 +48,7 @@ from nemo_gym_adapter.demo_models.conversion_steps import (
 )
 from nemo_gym_adapter.demo_models.manifests import MANIFESTS, Manifest, content_key, manifest, special_ids
 from nemo_gym_adapter.errors import SetupError
+from nemo_gym_adapter.runtime import paths
 
 MODULE = "nemo_gym_adapter.demo_models.converter"  # what the child process runs (``__name__`` is __main__ there)
 STAMP_NAME = "ngv_model_stamp.json"

@@ -37,9 +37,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.demo_models import templates as T
 from nemo_gym_adapter.errors import AdapterConfigError, SetupError
+from nemo_gym_adapter.runtime import paths
 
 FAMILIES = ("qwen25", "qwen3", "llama3")
 # Bump on any intentional change of the produced models. Cached builds are also rebuilt automatically when

@@ -5,6 +5,7 @@
 not), ``head`` (what a running Gym answers: config, server instances, routes), ``ray_head`` (Gym's Ray head from Gym's venv), ``warm`` and
 ``warm_boot`` (a Gym interpreter with its imports done, handed the launch), ``early`` (both of those started before
 verl's workers), ``service`` (Gym as a shared service, ``python -m nemo_gym_adapter.gym.service``), ``liveness`` and
-``probes`` (dead and silent servers found within seconds), ``addresses`` (multi-host address rules). Imported by
-rollouts, collect and the recipe; imports data (routing) and plumbing.
+``probes`` (dead and silent servers found within seconds), ``addresses`` (multi-host address rules), ``capture``
+(Gym's token-ID capture files), ``catalogue`` (Gym's bundled environments), ``server_venvs`` (each server's venv).
+Imported by rollouts, collect and the recipe; imports access, data (routing), runtime and the flat modules.
 """

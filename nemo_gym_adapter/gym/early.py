@@ -5,7 +5,7 @@
 Both recipe task runners wrap their start-up in :func:`early_gym_servers`; the rollout manager created later in the
 same process claims each server from its slot (``ray_head.claim_early_head``, ``warm.claim_early_warm``) and stops it
 at shutdown. This module is the only one that knows about both, so neither of the two imports the other's start-up.
-Before either starts, a watchdog (:mod:`nemo_gym_adapter.reaper`) is set on the run dir their pid records go to.
+Before either starts, a watchdog (:mod:`nemo_gym_adapter.runtime.reaper`) is set on the run dir their pid records go to.
 It takes the ``nemo_gym:`` section already validated (the task runners pass ``load_config(config).gym``): the library
 never reads the recipe's whole config.
 """
@@ -16,10 +16,10 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from nemo_gym_adapter import reaper
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.gym import ray_head, warm
 from nemo_gym_adapter.gym.ray_head import GymRayHead
+from nemo_gym_adapter.runtime import reaper
 
 
 @contextlib.contextmanager

@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV
 from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.gym.ports import safe_port_range
+from nemo_gym_adapter.runtime import paths
 
 TRAINING_MODEL_CONFIG = "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"
 API_KEY_ENV = "NGV_GYM_POLICY_API_KEY"  # the key reaches Gym via ${oc.env:...}, never argv or a file

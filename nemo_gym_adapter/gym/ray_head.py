@@ -26,7 +26,7 @@ The head process:
 - is a ``procs.SessionProcess``: :meth:`GymRayHead.stop` stops the tree, then sweeps its session (Ray's agents are
   re-parented to init and ignore SIGTERM); registered with ``procs``, so atexit/SIGTERM stop it too; and, when it
   has a run directory, ``<run_dir>/gym_ray.pid`` (:data:`PID_FILE`) names its session until it stops, for the
-  sweeps of :mod:`nemo_gym_adapter.reaper` (the trainer's watchdog, the driver) if the process that started it is
+  sweeps of :mod:`nemo_gym_adapter.runtime.reaper` (the trainer's watchdog, the driver) if the process that started it is
   killed outright.
 
 In the trainer (:func:`nemo_gym_adapter.gym.early.early_gym_servers`): both recipe task runners start the head before ``init_workers``/``init``,
@@ -49,12 +49,12 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym.launch import gym_package_root, gym_process_env
-from nemo_gym_adapter.procs import (
+from nemo_gym_adapter.runtime import paths
+from nemo_gym_adapter.runtime.procs import (
     EarlySlot,
     LogWatch,
     SessionProcess,
@@ -64,11 +64,11 @@ from nemo_gym_adapter.procs import (
     log_tail,
     session_members,
 )
-from nemo_gym_adapter.reaper import write_pid_record
+from nemo_gym_adapter.runtime.reaper import write_pid_record
 
 logger = logging.getLogger(__name__)
 
-PID_FILE = "gym_ray.pid"  # in the run directory while the head runs (same record as manager_base's gym.pid)
+PID_FILE = "gym_ray.pid"  # in the run directory while the head runs (same record as managers.base's gym.pid)
 READY_MARKER = b"Ray runtime started"  # what `ray start` prints once the head node is up
 STOP_TIMEOUT_S = 3.0  # SIGTERM grace before SIGKILL (Ray's agents ignore SIGTERM anyway)
 # A head that exits before it is up is started again (new ports) this many times within the same deadline. Measured

@@ -21,7 +21,7 @@ from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym.head import GymHead, answers, http_get
 from nemo_gym_adapter.gym.launch import GymLaunchSpec
 from nemo_gym_adapter.gym.ports import BIND_FAILED_MARKER, GymPortInUseError, port_collisions
-from nemo_gym_adapter.procs import LogWatch, SessionProcess, log_tail
+from nemo_gym_adapter.runtime.procs import LogWatch, SessionProcess, log_tail
 
 # Without a log line that announces a server, probe this often anyway (a quiet server, another log format).
 FALLBACK_PROBE_S = 1.0

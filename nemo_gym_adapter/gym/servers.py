@@ -33,7 +33,6 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.access import gym_guard
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.gym import readiness
@@ -50,8 +49,9 @@ from nemo_gym_adapter.gym.launch import (
 from nemo_gym_adapter.gym.ports import HEAD_SERVER, GymPortInUseError, free_port_in, safe_port_range
 from nemo_gym_adapter.gym.ray_head import GymRayHead
 from nemo_gym_adapter.gym.warm import WarmLauncher
-from nemo_gym_adapter.procs import SessionProcess, alive, session_members
-from nemo_gym_adapter.reaper import write_pid_record
+from nemo_gym_adapter.runtime import paths
+from nemo_gym_adapter.runtime.procs import SessionProcess, alive, session_members
+from nemo_gym_adapter.runtime.reaper import write_pid_record
 
 __all__ = ["TRAINING_MODEL_CONFIG", "GymHead", "GymLaunchSpec", "GymServerInstance", "GymServers"]
 

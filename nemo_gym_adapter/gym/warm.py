@@ -41,13 +41,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.access.key import policy_key
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym import warm_boot
 from nemo_gym_adapter.gym.launch import GymLaunchSpec, access_env, gym_env
-from nemo_gym_adapter.procs import (
+from nemo_gym_adapter.runtime import paths
+from nemo_gym_adapter.runtime.procs import (
     EarlySlot,
     LogWatch,
     SessionProcess,
@@ -55,7 +55,7 @@ from nemo_gym_adapter.procs import (
     log_tail,
     session_members,
 )
-from nemo_gym_adapter.reaper import write_pid_record
+from nemo_gym_adapter.runtime.reaper import write_pid_record
 
 if TYPE_CHECKING:
     from nemo_gym_adapter.gym.ray_head import GymRayHead

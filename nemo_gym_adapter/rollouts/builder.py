@@ -47,7 +47,7 @@ from nemo_gym_adapter.rollouts.forced import forced_tokens
 from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
 from nemo_gym_adapter.rollouts.reward_components import missing as missing_components
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory, TrajectoryConfig
-from nemo_gym_adapter.wire import GymRunResult, reward_components
+from nemo_gym_adapter.wire.payloads import GymRunResult, reward_components
 
 # Gym 0.7 failure kinds that mean "the verifier could not score this rollout" (nemo_gym/failure_kinds.py).
 VERIFIER_FAILURE_KINDS = frozenset({"verifier_error", "judge_failed", "judge_unparseable"})

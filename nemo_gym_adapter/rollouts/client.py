@@ -32,13 +32,12 @@ from typing import Any
 
 import aiohttp
 
+from nemo_gym_adapter.console.progress import RolloutProgress
 from nemo_gym_adapter.data.routing import GymRoutes, Unroutable
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym import capture
 from nemo_gym_adapter.gym.head import GymHead
 from nemo_gym_adapter.gym.liveness import StepGuard
-from nemo_gym_adapter.loop_thread import BlockingFacade
-from nemo_gym_adapter.progress import RolloutProgress
 from nemo_gym_adapter.rollouts.records import (
     BAD_JSON,
     CLIENT_ERROR,
@@ -51,6 +50,7 @@ from nemo_gym_adapter.rollouts.records import (
     RolloutFailure,
     RolloutOutcome,
 )
+from nemo_gym_adapter.rollouts.row_echo import other_row_fields
 from nemo_gym_adapter.rollouts.sampling import request_params
 from nemo_gym_adapter.rollouts.transport import (
     Resends,
@@ -61,7 +61,7 @@ from nemo_gym_adapter.rollouts.transport import (
     post_with_retries,
     within,
 )
-from nemo_gym_adapter.row_echo import other_row_fields
+from nemo_gym_adapter.runtime.loop_thread import BlockingFacade
 
 logger = logging.getLogger(__name__)
 

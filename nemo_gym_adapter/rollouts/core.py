@@ -46,11 +46,11 @@ from typing import Any
 from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym.liveness import Liveness, StepGuard
-from nemo_gym_adapter.loop_thread import BlockingFacade
 from nemo_gym_adapter.rollouts.client import RolloutClient, RolloutClientConfig, RolloutOutcome
 from nemo_gym_adapter.rollouts.metrics import compute_metrics
 from nemo_gym_adapter.rollouts.outcome import trajectories_from_outcome
 from nemo_gym_adapter.rollouts.trajectory import Trajectory, TrajectoryConfig
+from nemo_gym_adapter.runtime.loop_thread import BlockingFacade
 
 
 @dataclass(frozen=True)

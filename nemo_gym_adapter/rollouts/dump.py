@@ -15,7 +15,7 @@ dispatched at). One line per rollout:
 * ``reward`` (what training used: 0 when masked), ``gym_reward`` (what Gym said), ``masked_reason`` + ``detail``,
   ``failure_kind``, ``num_turns``, ``prompt_tokens``, ``response_tokens``, ``generated_tokens``, ``truncated``,
   ``contiguous``, ``latency_s``;
-* ``result``: every numeric field of Gym's result (``wire.GymRunResult.numeric_fields``), and ``reward_components``;
+* ``result``: every numeric field of Gym's result (``wire.payloads.GymRunResult.numeric_fields``), and ``reward_components``;
 * ``prompt``: the first model call's prompt, decoded with special tokens kept (what the model saw, exactly);
 * ``turns``: Gym's own ``response.output`` items rendered by type -- ``message`` (role + text), ``tool_call`` (name +
   arguments), ``tool_output`` (output), ``reasoning`` (summary text) -- never empty for a tool call;
@@ -28,10 +28,10 @@ decodes, formats and appends (each file opened and closed per batch of lines: no
 :meth:`RolloutDump.close` flushes everything queued and joins the thread. ``python -m nemo_gym_adapter.rollouts.
 dump_view <dir>`` prints the worst and best rollouts of a step.
 
-A full disk (:func:`nemo_gym_adapter.disk.full_disk`) stops the dump, not the run: the batch being appended is
+A full disk (:func:`nemo_gym_adapter.runtime.disk.full_disk`) stops the dump, not the run: the batch being appended is
 truncated away (the file stays whole JSON lines), one error names the file and the free space, and every later row is
 counted as not written (``gym/dump/failed_total``). Training goes on; a checkpoint on the same full disk then ends the
-run with its own message (``recipe.nemo_gym.storage``). Any other write error is logged and the next batch tried.
+run with its own message (``recipe.nemo_gym.trainer.storage``). Any other write error is logged and the next batch tried.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter import disk
 from nemo_gym_adapter.rollouts.core import RowResult
-from nemo_gym_adapter.wire import REWARD_COMPONENTS, reward_components
+from nemo_gym_adapter.runtime import disk
+from nemo_gym_adapter.wire.payloads import REWARD_COMPONENTS, reward_components
 
 logger = logging.getLogger(__name__)
 

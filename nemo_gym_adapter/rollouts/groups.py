@@ -29,7 +29,7 @@ import numpy as np
 
 from nemo_gym_adapter.rollouts.metrics import ALL_SCOPE, scope_name
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
-from nemo_gym_adapter.wire import reward_components
+from nemo_gym_adapter.wire.payloads import reward_components
 
 OUTCOME_KEY = "gym_outcome"
 """``reward_extra_info`` key of Gym's reward for a sample; the shipped ``algorithm.filter_groups.metric``."""

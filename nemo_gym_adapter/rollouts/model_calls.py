@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nemo_gym_adapter.wire import ModelCall, OutputItem
+from nemo_gym_adapter.wire.payloads import ModelCall, OutputItem
 
 
 def calls_without_ids(output: Sequence[OutputItem]) -> list[int]:

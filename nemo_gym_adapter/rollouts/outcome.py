@@ -1,7 +1,7 @@
 """The rollout client's outcome for one row (a ``/run`` result or a failure) → its trajectories, the result parsed once.
 
 A failure (timeout, request failed, unroutable, server down, aborted, an environment's own 5xx) becomes one masked
-trajectory with its counted reason (:func:`failed_trajectory`); a result is parsed once (``wire.parse_run_result``)
+trajectory with its counted reason (:func:`failed_trajectory`); a result is parsed once (``wire.payloads.parse_run_result``)
 and handed on to :func:`~nemo_gym_adapter.rollouts.builder.build_trajectory` -- or, under ``contiguity: split``, to
 :func:`~nemo_gym_adapter.rollouts.segments.build_trajectories` -- and a result that does not parse, or whose ids do
 not fit in int64, is one masked ``invalid_result`` trajectory naming the JSON path.
@@ -16,7 +16,7 @@ from nemo_gym_adapter.errors import AdapterError, GymServerError
 from nemo_gym_adapter.rollouts.builder import build_trajectory
 from nemo_gym_adapter.rollouts.segments import build_trajectories
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory, TrajectoryConfig
-from nemo_gym_adapter.wire import GENERATION_ABORTED, parse_run_result
+from nemo_gym_adapter.wire.payloads import GENERATION_ABORTED, parse_run_result
 
 # The rollout client's RolloutFailure.reason codes that are not plain request failures.
 _CLIENT_REASONS = {

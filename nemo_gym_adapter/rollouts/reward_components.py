@@ -29,7 +29,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from nemo_gym_adapter.wire import reward_components
+from nemo_gym_adapter.wire.payloads import reward_components
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ Agents that rewrite their context (Gym 0.7's LangGraph reflection agent, which s
 
 Rows masked for another reason (``mask_sample``, missing ids or log-probs, a first prompt too long, client failures)
 stay one masked sample. The v1 manager puts the segments as ``{uid}_{session}_{i}`` and ``masked_grpo`` counts the
-session once (``recipe.nemo_gym.advantage``); the legacy trainer refuses ``split`` at start-up (``config``).
+session once (``recipe.nemo_gym.algorithms.masked_grpo``); the legacy trainer refuses ``split`` at start-up (``config``).
 
 Called by :mod:`nemo_gym_adapter.rollouts.outcome` with the result it parsed (and by tests); imports :mod:`builder`
 and :mod:`model_calls`.
@@ -30,7 +30,7 @@ from dataclasses import replace
 from nemo_gym_adapter.rollouts.builder import build_trajectory
 from nemo_gym_adapter.rollouts.model_calls import prefix_segments
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory, TrajectoryConfig
-from nemo_gym_adapter.wire import GymRunResult
+from nemo_gym_adapter.wire.payloads import GymRunResult
 
 
 def build_trajectories(

@@ -134,7 +134,7 @@ class Trajectory:
 
     ``sampled_logprobs`` holds the logprobs of the sampled tokens only, concatenated in span order
     (``len == num_generated``). ``reward`` is what training sees (0 when masked); ``gym_reward`` what Gym reported;
-    ``numeric`` every other numeric field of Gym's result (``wire.GymRunResult.numeric_fields``: the verifier's own
+    ``numeric`` every other numeric field of Gym's result (``wire.payloads.GymRunResult.numeric_fields``: the verifier's own
     fields, each reward component as ``reward_components/<name>``), masked or not; empty without a result.
     """
 

@@ -5,6 +5,6 @@ splice in SGLang's chat-template render, and the guard on its named conversation
 and log-prob tokens Gym reads, in vLLM's shape; an aborted generation answers 503), ``patch`` (installed in this
 process or inside verl's ``sglang_server_*`` actors via Ray, with a report like the vLLM one). The token math is
 :mod:`nemo_gym_adapter.tokens`, the same code the vLLM hook runs; SGLang is imported lazily, inside the server process.
-docs/SGLANG.md has what a GPU user sets and what was executed here. Imported by the recipe; imports tokens and
-plumbing only (never :mod:`nemo_gym_adapter.vllm`).
+docs/SGLANG.md has what a GPU user sets and what was executed here. Imported by the recipe; imports tokens, access,
+wire, runtime and the flat modules only (never :mod:`nemo_gym_adapter.vllm`).
 """

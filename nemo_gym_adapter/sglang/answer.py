@@ -15,7 +15,7 @@ asked (flags read from the raw body, :mod:`nemo_gym_adapter.sglang.request_ids`)
 ``pause_generation(mode="abort")``; the scheduler finishes each running request with ``FINISH_ABORT`` and SGLang
 answers **200** with ``finish_reason: "abort"`` and the cut text (``tokenizer_manager.py:1241`` passes a graceful abort
 through). Gym would take the cut turn as finished. Here such an answer becomes a **503** whose message starts with
-:data:`ABORT_MARKER` (``wire.GENERATION_ABORTED``, which ``rollouts.trajectory`` recognises): Gym retries 503, the
+:data:`ABORT_MARKER` (``wire.payloads.GENERATION_ABORTED``, which ``rollouts.trajectory`` recognises): Gym retries 503, the
 retry waits in SGLang's paused tokenizer manager until ``resume_generation`` and is regenerated on the new weights,
 as on vLLM (:mod:`nemo_gym_adapter.vllm.abort`). ``/v1/completions`` (``_build_completion_response``,
 ``serving_completions.py:470``) gets the same guard. Streaming is not guarded: Gym never streams. Each 503 is counted
@@ -33,7 +33,7 @@ from http import HTTPStatus
 from typing import Any
 
 from nemo_gym_adapter.sglang.request_ids import CURRENT, SENTINEL, RequestIds
-from nemo_gym_adapter.wire import GENERATION_ABORTED
+from nemo_gym_adapter.wire.payloads import GENERATION_ABORTED
 
 ABORT_MARKER = f"{GENERATION_ABORTED} by the SGLang engine"
 ABORT_MESSAGE = (

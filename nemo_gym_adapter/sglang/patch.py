@@ -9,7 +9,7 @@
 * :func:`apply_patch_to_actors`: inside verl's live ``SGLangHttpServer`` actors (``sglang_server_{replica}_{node}``,
   :func:`find_sglang_server_actors`) through ``actor.__ray_call__``: SGLang's FastAPI app, its tokenizer manager and
   template manager live in that actor (the scheduler runs in child processes), so a class-level patch there reaches
-  every chat request (:mod:`nemo_gym_adapter.server_actors`, shared with vLLM). Inside the actor it refuses a server
+  every chat request (:mod:`nemo_gym_adapter.runtime.server_actors`, shared with vLLM). Inside the actor it refuses a server
   without a tokenizer (verl's default ``rollout.skip_tokenizer_init=True``: SGLang's chat endpoint then answers 500
   to everything) naming the key, and takes the actor's ``config.max_model_len`` (verl's ``rollout.max_model_len``,
   which verl does not pass to SGLang) as a clamp limit. One :class:`PatchReport` per actor, or a ``ServerError``
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nemo_gym_adapter.errors import SetupError
-from nemo_gym_adapter.server_actors import (
+from nemo_gym_adapter.runtime.server_actors import (
     actor_identity,
     call_on_actors,
     find_server_actors,

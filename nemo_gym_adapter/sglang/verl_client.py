@@ -12,7 +12,7 @@ through a stand-in for that module's ``requests`` name only). Without a publishe
 And the server side: verl's ``SGLangHttpServer.launch_server`` (``async_sglang_server``) installs the access guard
 (:mod:`nemo_gym_adapter.access.guard`) with the published key before it starts SGLang's app, so the replica never
 answers a request without the key -- what the vLLM plugin does for vLLM; the manager installs it through Ray anyway
-and proves it (``recipe.nemo_gym.replicas.guard_replicas``).
+and proves it (``recipe.nemo_gym.servers.replicas.guard_replicas``).
 
 Loaded in every verl process through ``VERL_USE_EXTERNAL_MODULES`` (``recipe.nemo_gym.main`` appends it for
 ``rollout.name=sglang`` with ``nemo_gym.access.require_key``). Importing it costs nothing: verl's modules import

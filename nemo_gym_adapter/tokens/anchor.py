@@ -15,7 +15,7 @@ the backend renders no prefix (:attr:`Anchor.renders_prefix`).
 The backends only differ in where they find these values and how they render: the vLLM hook
 (:mod:`nemo_gym_adapter.vllm.hooks`) reads the required prefix from vLLM's request model and renders through vLLM; the
 SGLang hook (:mod:`nemo_gym_adapter.sglang.hooks`) reads both from the raw request body (SGLang's request model drops
-unknown fields) and renders through the server's tokenizer. Pure; imports the splice and plumbing (``errors``).
+unknown fields) and renders through the server's tokenizer. Pure; imports the splice and the flat ``errors``.
 """
 
 from __future__ import annotations

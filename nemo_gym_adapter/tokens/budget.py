@@ -5,7 +5,7 @@ Backend-neutral and pure: the vLLM hook (:mod:`nemo_gym_adapter.vllm.hooks`) and
 call :func:`clamp_output_budget` with the final (spliced) prompt length and their server's context length. A prompt
 that leaves no room for one output token raises :class:`ContextLengthExceeded` worded as vLLM words it ("This model's
 maximum context length is N tokens..."): Gym's ``vllm_model`` matches "context length" in a 400 and maps it to
-``incomplete_details`` instead of failing the rollout. Imports only plumbing (``errors``).
+``incomplete_details`` instead of failing the rollout. Imports only the flat ``errors``.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_gym_adapter.vllm.token_fields import attach_token_fields
-from nemo_gym_adapter.wire import GENERATION_ABORTED
+from nemo_gym_adapter.wire.payloads import GENERATION_ABORTED
 
 ABORT_MARKER = f"{GENERATION_ABORTED} by the vLLM engine"
 ABORT_MESSAGE = (

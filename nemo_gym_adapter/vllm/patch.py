@@ -10,7 +10,7 @@
 * :func:`apply_patch_to_actors`: inside verl's live rollout server actors (``vllm_server_{replica}_{node}``, found by
   :func:`find_vllm_server_actors`) through ``actor.__ray_call__``; one :class:`PatchReport` per actor, or a
   ``ServerError`` naming the actor that failed or did not answer (the Ray side is
-  :mod:`nemo_gym_adapter.server_actors`, shared with the SGLang patch).
+  :mod:`nemo_gym_adapter.runtime.server_actors`, shared with the SGLang patch).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nemo_gym_adapter.errors import SetupError
-from nemo_gym_adapter.server_actors import (
+from nemo_gym_adapter.runtime.server_actors import (
     actor_identity,
     call_on_actors,
     find_server_actors,
@@ -203,6 +203,6 @@ def engine_counters(actor_handles: Mapping[str, Any], timeout: float = 10.0) -> 
 
 def find_vllm_server_actors(prefix: str = ACTOR_PREFIX, all_namespaces: bool = False) -> dict[str, Any]:
     """verl's vLLM rollout server actors by name: ``{prefix}{replica}_{node}[_{suffix}]`` (and PD ``decode_``
-    servers; :func:`nemo_gym_adapter.server_actors.find_server_actors`). Reward and teacher servers
+    servers; :func:`nemo_gym_adapter.runtime.server_actors.find_server_actors`). Reward and teacher servers
     (``vllm_server_reward_*``, ``vllm_server_teacher_*``) are not included."""
     return find_server_actors(prefix, all_namespaces)

@@ -4,7 +4,7 @@ processes (API server, engine core, workers) wherever this package is installed.
 It does three things, each idempotent (vLLM may call a plugin several times per process); ``VLLM_PLUGINS``, vLLM's
 own allow-list, can leave it out:
 
-- repeated notices appear once per process (:func:`nemo_gym_adapter.console.once`): vLLM 0.25+ reloads weights layer
+- repeated notices appear once per process (:func:`nemo_gym_adapter.console.repeats.once`): vLLM 0.25+ reloads weights layer
   by layer after every weight sync and warns ``RotaryEmbedding: Failed to load weights`` each time -- the rotary cache
   is computed, not a checkpoint weight, and vLLM puts its own tensors back, so nothing is wrong and nothing is to be
   done; one line per weight sync buried each step's metrics. The first occurrence still shows.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from nemo_gym_adapter.console import once
+from nemo_gym_adapter.console.repeats import once
 
 logger = logging.getLogger(__name__)
 

@@ -49,9 +49,9 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError
-from nemo_gym_adapter.procs import ManagedProcess, free_port
+from nemo_gym_adapter.runtime import paths
+from nemo_gym_adapter.runtime.procs import ManagedProcess, free_port
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class VllmServer:
     @property
     def headers(self) -> dict[str, str]:
         """``Authorization: Bearer <key>`` when the server has a key, else ``{}``."""
-        from nemo_gym_adapter.policy import auth_headers
+        from nemo_gym_adapter.wire.policy import auth_headers
 
         return auth_headers(self.api_key)
 
@@ -299,7 +299,7 @@ def start_vllm_server(
         env=env,
     )
     try:
-        from nemo_gym_adapter.policy import auth_headers
+        from nemo_gym_adapter.wire.policy import auth_headers
 
         headers = auth_headers(key)
         proc.wait_http_ready(f"http://127.0.0.1:{port}/health", timeout=timeout, headers=headers)

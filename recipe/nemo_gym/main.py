@@ -7,18 +7,18 @@
 The configs (``configs/``) compose verl's own ``ppo_trainer`` config with our ``nemo_gym:`` section; every verl key
 can be overridden as usual. The run, in order:
 
-1. validate our section and the verl keys the adapter depends on (``nemo_gym_adapter.recipe_config``) and every data row
+1. validate our section and the verl keys the adapter depends on (``recipe.nemo_gym.config.load``) and every data row
    (:func:`check_rows`), before any heavy import: a config or row error answers in about a second, naming the dotted
    key, the bad value and the fix, or ``file:line`` (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
-   where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.resolvers``)
+   where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.config.resolvers``)
    are registered; decide who may reach the run (:func:`prepare_access`, ``nemo_gym_adapter.access``): on one host
    every process of the run listens on loopback only, a Ray the recipe starts gets a token of its own, and the run's
    rollout key is made here and published for the run's processes as soon as Ray is up;
-3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
-   the default: verl's TransferQueue trainer, manager ``recipe.nemo_gym.agent_loop_tq``) or
-   :data:`recipe.nemo_gym.task_runner.NemoGymTaskRunner` (``trainer.use_v1=False``: the legacy trainer, manager
-   ``recipe.nemo_gym.agent_loop``): verl starts Ray, the actor workers and the vLLM replicas; our manager patches the
+3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.trainer.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
+   the default: verl's TransferQueue trainer, manager ``recipe.nemo_gym.managers.v1``) or
+   :data:`recipe.nemo_gym.trainer.task_runner.NemoGymTaskRunner` (``trainer.use_v1=False``: the legacy trainer, manager
+   ``recipe.nemo_gym.managers.legacy``): verl starts Ray, the actor workers and the vLLM replicas; our manager patches the
    replicas, starts Gym in front of them and serves every ``generate_sequences``;
 4. always: sweep Gym's processes (and its Ray head's) by the pid files left while they run (in case the TaskRunner was
    killed outright) and shut Ray down. SIGTERM takes the same path, then ends the process with SIGTERM's own status
@@ -44,12 +44,12 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from nemo_gym_adapter import paths, reaper
 from nemo_gym_adapter.access import key as access_key
 from nemo_gym_adapter.access import listen
 from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, ServerDownError, SetupError, StorageError
-from nemo_gym_adapter.recipe_config import RecipeConfig, load_config
-from recipe.nemo_gym.resolvers import register_resolvers
+from nemo_gym_adapter.runtime import paths, reaper
+from recipe.nemo_gym.config.load import RecipeConfig, load_config
+from recipe.nemo_gym.config.resolvers import register_resolvers
 
 logger = logging.getLogger(__name__)
 
@@ -194,10 +194,10 @@ def check_rows(cfg: DictConfig) -> None:
 def task_runner_class(cfg: DictConfig) -> Any:
     """verl's v1 trainer (``trainer.use_v1=True``, the default) or the legacy one, each with our changes."""
     if cfg.trainer.get("use_v1", True):
-        from recipe.nemo_gym.task_runner_v1 import NemoGymTaskRunnerV1
+        from recipe.nemo_gym.trainer.task_runner_v1 import NemoGymTaskRunnerV1
 
         return NemoGymTaskRunnerV1
-    from recipe.nemo_gym.task_runner import NemoGymTaskRunner
+    from recipe.nemo_gym.trainer.task_runner import NemoGymTaskRunner
 
     return NemoGymTaskRunner
 
@@ -233,9 +233,9 @@ def _file_logger_path(cfg: DictConfig, run_dir: Path | None) -> Path | None:
 
 def _write_reward_curve(metrics_path: Path) -> None:
     """The run's report (first/last-5 reward, step time) and reward-curve PNG next to the metrics
-    (``recipe.nemo_gym.reporting``); a plotting problem never fails a run."""
+    (``recipe.nemo_gym.reporting.report``); a plotting problem never fails a run."""
     from nemo_gym_adapter.errors import SetupError
-    from recipe.nemo_gym.reporting import MetricsFileError, write_report
+    from recipe.nemo_gym.reporting.report import MetricsFileError, write_report
 
     try:
         text = write_report(metrics_path)
@@ -363,8 +363,8 @@ def sweep_gym(run_dir: Path | None) -> list[int]:
 
 
 def _shutdown_ray() -> None:
-    if "ray" in sys.modules:  # its workers too: one hung in its exit is killed (recipe/nemo_gym/ray_exit.py)
-        from recipe.nemo_gym import ray_exit
+    if "ray" in sys.modules:  # its workers too: one hung in its exit is killed (recipe/nemo_gym/trainer/ray_exit.py)
+        from recipe.nemo_gym.trainer import ray_exit
 
         ray_exit.shutdown()
 

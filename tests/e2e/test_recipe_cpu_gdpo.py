@@ -4,13 +4,13 @@ algorithm.gdpo_reward_keys=[correctness,schema_valid,format]`` on ``configs/gym/
 ``example_tool_call_multireward`` resources server; each row lets the tiny random model pick one of five replies whose
 three components differ, two of them with the same sum).
 
-The components travel with each sample through TransferQueue and reach verl's own GDPO (``recipe.nemo_gym.gdpo``; the
+The components travel with each sample through TransferQueue and reach verl's own GDPO (``recipe.nemo_gym.algorithms.gdpo``; the
 v1 trainer of verl 0.9.1 alone fails on its first step). Checked from the console logger, per step: the
 ``gdpo/<key>/{mean,std}`` of the column GDPO read (logged by the hand-over, as the legacy trainer logs them) and ours
 ``gym/<env>/reward_components/<key>`` for every key agree (the same values reached both); the step's reward mean is
 the components' sum and no result broke that (``reward_components_sum_mismatch_rate`` 0, nothing incomplete); the
 loss and advantages are finite. That GDPO's numbers are the legacy trainer's on the same batch, bit for bit, is
-``tests/unit/recipe/test_gdpo.py``; the legacy trainer's run of the same command (``trainer.use_v1=false``) is
+``tests/unit/recipe/algorithms/test_gdpo.py``; the legacy trainer's run of the same command (``trainer.use_v1=false``) is
 here too. Both launches are the slow tier (``pytest --slow``; docs/CI.md says why). No process is left behind. Lean (CI budget):
 4 rows x 4 samples, 2 steps, no validation.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym.masked_estimators import NOTICE
+from recipe.nemo_gym.algorithms.masked_estimators import NOTICE
 from tests.e2e.test_recipe_cpu_smoke import (  # noqa: F401 (fixture)
     LEGACY,
     _parse_steps,
@@ -99,8 +99,8 @@ def _nothing_left(tmp_path, reaped_children) -> None:  # noqa: F811
 
 
 # The slow tier too (CI budget; docs/CI.md): 145 s of a fresh clone's CI. In the unit tier: GDPO's advantages through
-# verl's real code on both trainers, bit for bit (tests/unit/recipe/test_gdpo.py), the components' columns and masking
-# (tests/unit/recipe/test_outcomes.py); the v1 launch it rides on is the v1 smoke's.
+# verl's real code on both trainers, bit for bit (tests/unit/recipe/algorithms/test_gdpo.py), the components' columns and masking
+# (tests/unit/recipe/algorithms/test_outcomes.py); the v1 launch it rides on is the v1 smoke's.
 @pytest.mark.slow
 def test_gdpo_on_gym_reward_components_on_the_v1_trainer(tmp_path, reaped_children):  # noqa: F811
     steps, _, wall = _run_gdpo(tmp_path, "trainer.use_v1=true", "trainer.v1.trainer_mode=sync")

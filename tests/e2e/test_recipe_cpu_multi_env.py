@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from recipe.nemo_gym.reward_curve import load_reward_curve
+from recipe.nemo_gym.reporting.curve import load_reward_curve
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
 from tests.support.listeners import TreeListeners, table
 

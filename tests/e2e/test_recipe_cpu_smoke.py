@@ -227,7 +227,7 @@ def test_grpo_steps_then_an_all_masked_step_on_cpu_with_gym_metrics_and_no_orpha
 
     # Every rollout of the last step masked (prompts longer than data.max_prompt_length): verl's step runs to the end.
     # verl's own rollout-correction step raises on a batch without a valid token; the trainer's guard
-    # (recipe.nemo_gym.rollout_correction) reports its metrics as NaN instead, like onpolicy/*.
+    # (recipe.nemo_gym.algorithms.rollout_correction) reports its metrics as NaN instead, like onpolicy/*.
     m = steps[STEPS + 1]
     assert m["gym/all/masked_rate"] == 1.0 and m["gym/all/masked_rate/prompt_too_long"] == 1.0
     assert m["onpolicy/num_tokens"] == 0 and m["onpolicy/trusted"] == 0.0 and m["onpolicy/guard/num_tokens"] == 0

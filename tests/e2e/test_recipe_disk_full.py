@@ -12,7 +12,7 @@ checkpoint is complete (``latest_checkpointed_iteration.txt`` says 1) the test f
   and trains steps 2 and 3, checkpointing both; nothing of either launch is left.
 
 Needs root (the tmpfs). Slow tier (two launches per trainer); the default tier has the same mechanism on a real tmpfs
-with verl's own dump writer in ``tests/unit/recipe/test_storage.py``.
+with verl's own dump writer in ``tests/unit/recipe/trainer/test_storage.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ reaped_children = smoke.reaped_children
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
-]  # two launches of its own: slow tier (ci.md); unit: tests/unit/recipe/test_storage.py
+]  # two launches of its own: slow tier (ci.md); unit: tests/unit/recipe/trainer/test_storage.py
 
 BATCH, N, TOTAL = 4, 4, 3
 TRACKER = "latest_checkpointed_iteration.txt"

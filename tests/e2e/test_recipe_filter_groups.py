@@ -26,7 +26,7 @@ import pytest
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
 
 # The slow tier (CI budget; docs/CI.md): 135 s of a fresh clone's CI. In the unit tier: the outcome every training
-# sample carries for verl's filter (tests/unit/recipe/test_agent_loop_tq.py) and the same-outcome groups
+# sample carries for verl's filter (tests/unit/recipe/managers/test_v1.py) and the same-outcome groups
 # (tests/unit/rollouts/test_groups.py); the v1 launch it rides on is the v1 smoke's.
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

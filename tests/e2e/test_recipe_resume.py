@@ -14,7 +14,7 @@ verl's ``trainer.rollout_data_dir`` dumps; a sampler without a state of its own 
 and the test checks it could tell); the weights (the rollout engine's log-probability of a fixed prompt before step
 4's rollouts, ``gym/engine/probe_logprob_mean``, is the same in both launches: launch 2's engine serves the
 checkpoint's weights, which are launch 1's after step 3); and no process of either launch alive once launch 2 ended
-(launch 1's Gym and Gym's Ray head were stopped by its watchdog: ``nemo_gym_adapter.reaper``).
+(launch 1's Gym and Gym's Ray head were stopped by its watchdog: ``nemo_gym_adapter.runtime.reaper``).
 
 Measured (2 cores, shared): 218 s at load average 3, 219 s at 6-7 (launch 1 killed ~100 s after its start). With
 the sampler of before ``EnvWeightedSampler.state_dict`` the test fails on launch 2's step 4 (epoch 0's rows again).
@@ -24,7 +24,7 @@ verl's ``_load_checkpoint`` and weight sync); its variant passes too (262 s at l
 
 Both variants are in the slow tier (``pytest --slow``, docs/CI.md): two launches each cost ~200 s of CI's 45-minute
 budget. In the default tier the pieces are checked one by one: the sampler's state across a relaunch
-(``tests/unit/data/test_env_sampling.py``), a checkpoint the way verl writes it (``tests/unit/recipe/test_storage.py``).
+(``tests/unit/data/test_env_sampling.py``), a checkpoint the way verl writes it (``tests/unit/recipe/trainer/test_storage.py``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ reaped_children = legacy.reaped_children  # this process reaps what the run leav
 MESSAGE = "error: actor_rollout_ref.rollout.name=sglang cannot start here: trainer.device=cpu: SGLang's engine runs"
 
 
-# The slow tier (CI budget; docs/CI.md): the message is check_engine_available's (tests/unit/recipe/test_backends.py),
+# The slow tier (CI budget; docs/CI.md): the message is check_engine_available's (tests/unit/recipe/servers/test_engines.py),
 # the TaskRunner's start-up is every default e2e launch's, and the SGLang patch runs against SGLang's real serving
 # code in tests/integration/sglang/test_sglang_hook.py.
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 default: ``trainer.use_v1=True``, ``trainer.v1.trainer_mode=sync``).
 
 One subprocess: verl's v1 ``PPOTrainerSync`` with the FSDP2 actor on CPU, real TransferQueue, the CPU vLLM replica
-(patched), NeMo Gym (``example_single_tool_call``) started by our manager (``recipe.nemo_gym.agent_loop_tq``), two
+(patched), NeMo Gym (``example_single_tool_call``) started by our manager (``recipe.nemo_gym.managers.v1``), two
 GRPO steps (``masked_grpo``) with a weight sync after each, then a third step whose rows are all too long (the legacy
 e2e's ``masked_step_rows``). Checked from verl's console logger: steps 1 and 2 are logged with the rollout metrics
 under their own names (``gym/<env>/reward_mean``, ``gym/all/masked_rate/<reason>``, never ``timing_s/gym/...``), the

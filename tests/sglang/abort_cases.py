@@ -18,7 +18,7 @@ import pytest
 from nemo_gym_adapter.errors import SetupError
 from nemo_gym_adapter.sglang import answer as sglang_answer
 from nemo_gym_adapter.sglang import patch as sglang_patch
-from nemo_gym_adapter.wire import GENERATION_ABORTED
+from nemo_gym_adapter.wire.payloads import GENERATION_ABORTED
 from tests.sglang.engine import Hold
 
 
@@ -84,7 +84,7 @@ def test_what_the_manager_reads_from_a_replica_answers(servers, patched):
     """``/v1/models`` (served name, context length: ``policy.read_model_card``), the liveness probe ``/health``, and
     the engine probe through SGLang's native ``/generate`` (``policy.probe_logprob(api="generate")``: the mean
     prompt log-prob the scheduler returned, the first token having none)."""
-    from nemo_gym_adapter.policy import probe_logprob, read_model_card
+    from nemo_gym_adapter.wire.policy import probe_logprob, read_model_card
     from tests.sglang.engine import logprob_of
 
     server = servers("qwen25")

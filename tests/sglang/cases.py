@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(items: list) -> None:
 
 @pytest.fixture(scope="session")
 def loop():
-    from nemo_gym_adapter.loop_thread import LoopThread
+    from nemo_gym_adapter.runtime.loop_thread import LoopThread
 
     thread = LoopThread("sglang-server-loop")
     yield thread

@@ -69,8 +69,8 @@ def test_the_managers_patch_reaches_verls_sglang_server_actor_through_ray(ray_ac
     import ray
     from transformers import AutoTokenizer
 
-    from recipe.nemo_gym.backends import ENGINES
-    from recipe.nemo_gym.replicas import find_replicas, patch_replicas
+    from recipe.nemo_gym.servers.engines import ENGINES
+    from recipe.nemo_gym.servers.replicas import find_replicas, patch_replicas
 
     engine = ENGINES["sglang"]
     endpoints, handles = find_replicas(None, engine)  # no balancer: the actors' own addresses
@@ -94,7 +94,7 @@ def test_the_managers_patch_reaches_verls_sglang_server_actor_through_ray(ray_ac
     stock_prompt = ray.get(ray_actor.scheduler_calls.remote())[-1]
     assert stock_prompt[: len(history)] != history  # the control: SGLang re-rendered the history
 
-    with caplog.at_level(logging.INFO, logger="recipe.nemo_gym.replicas"):
+    with caplog.at_level(logging.INFO, logger="recipe.nemo_gym.servers.replicas"):
         (report,) = patch_replicas(handles, engine, "keep_ids")
     assert (report.backend, report.version, report.actor) == ("sglang", "0.5.12", ACTOR)
     assert report.pid == ray.get(ray_actor.__ray_call__.remote(lambda self: os.getpid()))
@@ -126,8 +126,8 @@ def test_the_managers_access_guard_and_verls_own_sglang_client_with_the_run_key(
     import httpx
     from verl.workers.rollout.sglang_rollout.http_server_engine import AsyncHttpServerAdapter
 
-    from recipe.nemo_gym.backends import ENGINES
-    from recipe.nemo_gym.replicas import find_replicas, guard_replicas
+    from recipe.nemo_gym.servers.engines import ENGINES
+    from recipe.nemo_gym.servers.replicas import find_replicas, guard_replicas
 
     (key,) = RUN_KEY
     endpoints, handles = find_replicas(None, ENGINES["sglang"])

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from nemo_gym_adapter.data.routing import GymRoutes
-from nemo_gym_adapter.procs import free_port
+from nemo_gym_adapter.runtime.procs import free_port
 
 
 class FakeEnvServer:

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from nemo_gym_adapter.procs import free_port
+from nemo_gym_adapter.runtime.procs import free_port
 
 CHUNK = b"[" + b"1," * (32 * 1024 - 1) + b"1"  # 64 KiB of the start of a JSON array that never closes
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec, gym_package_root
 from nemo_gym_adapter.gym.servers import GymServers
+from nemo_gym_adapter.runtime import paths
 
 SINGLE_TOOL_CALL_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 SINGLE_TOOL_CALL_AGENT = "example_single_tool_call_simple_agent"

@@ -19,7 +19,7 @@ import pytest
 
 from nemo_gym_adapter.rollouts.builder import build_trajectory
 from nemo_gym_adapter.rollouts.trajectory import Trajectory, TrajectoryConfig
-from nemo_gym_adapter.wire import parse_run_result
+from nemo_gym_adapter.wire.payloads import parse_run_result
 
 GYM_RESULTS = Path(__file__).resolve().parents[1] / "fixtures" / "gym_results"
 RECORDED = sorted(GYM_RESULTS.glob("*.json"))

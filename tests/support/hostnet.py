@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nemo_gym_adapter.errors import SetupError
-from nemo_gym_adapter.procs import kill_tree, session_members
+from nemo_gym_adapter.runtime.procs import kill_tree, session_members
 
 logger = logging.getLogger(__name__)
 

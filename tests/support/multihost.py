@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from nemo_gym_adapter import paths
-from nemo_gym_adapter.procs import SessionProcess, free_port, kill_tree, session_members
+from nemo_gym_adapter.runtime import paths
+from nemo_gym_adapter.runtime.procs import SessionProcess, free_port, kill_tree, session_members
 from tests.support.hostnet import (
     NS_LINK,
     Host,
@@ -256,7 +256,7 @@ def _install_teardown(close: Callable[[], object]) -> None:
     """Run ``close`` at exit and on SIGTERM/SIGINT, then the handler that was there before (``procs``': it stops any
     other process it started, then re-raises the signal unless someone else handles it)."""
     if not _TEARDOWNS:
-        from nemo_gym_adapter import procs
+        from nemo_gym_adapter.runtime import procs
 
         procs._install_handlers()  # theirs first, so ours wraps theirs: the bed goes down first, in its own order
         atexit.register(_run_teardowns)

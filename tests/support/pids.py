@@ -1,4 +1,4 @@
-"""Which of a set of pids still run (a zombie does not count, as in ``nemo_gym_adapter.procs.alive``), and waiting
+"""Which of a set of pids still run (a zombie does not count, as in ``nemo_gym_adapter.runtime.procs.alive``), and waiting
 for them to be gone: the teardown checks of the lifecycle tests."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from nemo_gym_adapter.procs import alive
+from nemo_gym_adapter.runtime.procs import alive
 
 
 def alive_pids(pids: Iterable[int]) -> list[int]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from nemo_gym_adapter.errors import AdapterConfigError
-from nemo_gym_adapter.recipe_config import DATASET_NAME, DATASET_PATH, MANAGER_CLASS, load_config
+from recipe.nemo_gym.config.load import DATASET_NAME, DATASET_PATH, MANAGER_CLASS, load_config
 
 GYM_CONFIG = "resources_servers/example_single_tool_call/configs/example_single_tool_call.yaml"
 

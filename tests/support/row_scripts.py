@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from nemo_gym_adapter import paths
+from nemo_gym_adapter.runtime import paths
 
 DATA = paths.REPO_ROOT / "configs" / "data"
 

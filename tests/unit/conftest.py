@@ -40,8 +40,8 @@ def light_warm_launchers(monkeypatch):
 def watchdog_requests(monkeypatch, tmp_path_factory) -> list[Path]:
     """The unit tier starts no watchdog process in its own process (``reaper.start_watchdog``: one would live as long
     as pytest): the run dirs asked for are recorded here instead. The node's registry of trainers is a private one
-    (``NGV_STATE_DIR``), for subprocesses too (``tests/unit/test_reaper.py`` starts real watchdogs there)."""
-    from nemo_gym_adapter import reaper
+    (``NGV_STATE_DIR``), for subprocesses too (``tests/unit/runtime/test_reaper.py`` starts real watchdogs there)."""
+    from nemo_gym_adapter.runtime import reaper
 
     requested: list[Path] = []
     monkeypatch.setattr(reaper, "start_watchdog", lambda run_dir, owner_pid=None: requested.append(run_dir))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_gym_adapter.config import NemoGymConfig, parse_section
-from nemo_gym_adapter.recipe_config import load_config
+from recipe.nemo_gym.config.load import load_config
 from tests.support.recipe_config import GYM_CONFIG, config_error, minimal_recipe_config
 
 

@@ -1,7 +1,12 @@
-"""The tree shows the architecture: every module of the library sits in its component's package, imports point one
-way (recipe -> rollouts -> gym / vllm / sglang -> access / data / tokens -> plumbing; the two engines' packages never import
-each other) and no two modules import each other, directly or round a loop -- lazy imports inside functions and
-``TYPE_CHECKING`` imports included.
+"""The tree shows the architecture: every module sits in a room (a package) or is one of the few named flat ones,
+imports point one way, and no two modules import each other, directly or round a loop -- lazy imports inside
+functions and ``TYPE_CHECKING`` imports included.
+
+The library, from the bottom: the flat face (``config``, ``errors``, ``moved``) < ``runtime``, ``console``, ``wire``
+< ``access``, ``tokens``, ``data``, ``demo_models`` < ``gym``, ``vllm``, ``sglang`` (the two engines never import each
+other) < ``rollouts`` < ``collect`` < the recipe. Inside ``recipe/nemo_gym/``: ``config`` < ``algorithms``, ``servers``,
+``reporting``, ``cpu`` < ``managers`` < ``trainer`` < ``main``; ``config`` never imports verl. A module imports its own
+package or lower ranks only.
 
 Read from the source with ``ast`` (nothing is imported), so a violation is named with the importing file and line.
 """
@@ -11,42 +16,44 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 LIB = "nemo_gym_adapter"
+RECIPE = "recipe.nemo_gym"
 
-# Rank of each part: a module may import parts of a lower rank or its own package; plumbing imports no package.
-PLUMBING = {
-    "disk",
-    "config",
-    "recipe_config",
-    "recipe_checks",
-    "recipe_sampling",
-    "console",
-    "errors",
-    "paths",
-    "procs",
-    "reaper",
-    "loop_thread",
-    "progress",
-    "policy",
-    "server_actors",
-    "wire",
-    "row_echo",
-    "tool_calls",
-}
+# The library's flat modules (its face) besides collect, the one command at the top.
+FLAT = {"config", "errors", "moved"}
+MAX_FLAT = 8  # modules directly in nemo_gym_adapter/ (besides __init__.py)
+MAX_LINES = 400
 RANK = {
-    "plumbing": 0,
-    "access": 1,
-    "tokens": 1,
-    "data": 1,
-    "demo_models": 1,
-    "gym": 2,
-    "vllm": 2,
-    "sglang": 2,
-    "rollouts": 3,
-    "collect": 4,
+    "flat": 0,
+    "runtime": 1,
+    "console": 1,
+    "wire": 1,
+    "access": 2,
+    "tokens": 2,
+    "data": 2,
+    "demo_models": 2,
+    "gym": 3,
+    "vllm": 3,
+    "sglang": 3,
+    "rollouts": 4,
+    "collect": 5,
+    "recipe": 6,
 }
-RECIPE_RANK = 5
+# The recipe's rooms; "face" is recipe/__init__.py and recipe/nemo_gym/__init__.py (they import no room).
+RECIPE_RANK = {
+    "face": -1,
+    "config": 0,
+    "algorithms": 1,
+    "servers": 1,
+    "reporting": 1,
+    "cpu": 1,
+    "managers": 2,
+    "trainer": 3,
+    "main": 4,
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -60,21 +67,25 @@ def _modules() -> dict[str, Path]:
 
 
 def _part(module: str) -> str:
-    """The layering part a dotted module name belongs to."""
-    if module.startswith("recipe"):
+    """The layering part a dotted module name belongs to (the recipe is one part here; :func:`_room` inside it)."""
+    if module.split(".")[0] == "recipe":
         return "recipe"
     parts = module.split(".")
-    if len(parts) == 1:
-        return "plumbing"  # the package's own __init__
+    if len(parts) == 1 or parts[1] in FLAT:
+        return "flat"  # the package's own __init__, or a flat module
     if parts[1] in RANK:
         return parts[1]
-    if parts[1] in PLUMBING:
-        return "plumbing"
-    raise AssertionError(f"{module}: not in a component package and not plumbing: give it a home (and a line here)")
+    raise AssertionError(f"{module}: not in a package of the library and not flat: give it a home (and a line here)")
 
 
-def _rank(part: str) -> int:
-    return RECIPE_RANK if part == "recipe" else RANK[part]
+def _room(module: str) -> str:
+    """The room of the recipe a dotted module name belongs to."""
+    parts = module.split(".")
+    if len(parts) <= 2:
+        return "face"
+    if parts[2] in RECIPE_RANK:
+        return parts[2]
+    raise AssertionError(f"{module}: not in a room of recipe/nemo_gym/: give it one (and a line here)")
 
 
 def _imports(path: Path, module: str, known: set[str]) -> list[tuple[str, int]]:
@@ -107,25 +118,89 @@ def _graph() -> tuple[dict[str, Path], dict[str, list[tuple[str, int]]]]:
     return mods, {m: _imports(p, m, known) for m, p in mods.items()}
 
 
-def test_every_library_module_lives_in_a_component_package_or_is_named_plumbing():
+def _upward(graph: dict[str, list[tuple[str, int]]], where, rank) -> list[tuple[str, int, str]]:
+    """(module, line, target) of every import whose target's part (``where``) does not rank below the importer's and
+    is not its own package; an ancestor package's ``__init__`` is always allowed."""
+    wrong = []
+    for module, imports in graph.items():
+        here = where(module)
+        for target, line in imports:
+            if module.startswith(f"{target}."):
+                continue  # an ancestor package's own __init__
+            there = where(target)
+            if there != here and rank(there) >= rank(here):
+                wrong.append((module, line, target))
+    return wrong
+
+
+def _library_upward(graph):
+    return _upward(graph, _part, RANK.__getitem__)
+
+
+def _recipe_upward(graph):
+    recipe = {m: [(t, line) for t, line in imports if _part(t) == "recipe"] for m, imports in graph.items()}
+    return _upward({m: i for m, i in recipe.items() if _part(m) == "recipe"}, _room, RECIPE_RANK.__getitem__)
+
+
+def _explain(mods: dict[str, Path], wrong: list[tuple[str, int, str]], where) -> str:
+    return "\n".join(f"{mods[m].relative_to(REPO)}:{line}: {where(m)} imports {t} ({where(t)})" for m, line, t in wrong)
+
+
+def test_every_library_module_lives_in_a_package_or_is_named_flat():
     for module in _modules():
         _part(module)  # raises naming the homeless module
 
 
-def test_imports_point_one_way():
+def test_every_recipe_module_lives_in_a_room():
+    for module in _modules():
+        if _part(module) == "recipe":
+            _room(module)  # raises naming the homeless module
+
+
+def test_the_library_keeps_few_modules_flat():
+    flat = sorted(p.name for p in (REPO / LIB).glob("*.py") if p.name != "__init__.py")
+    assert len(flat) <= MAX_FLAT, f"{len(flat)} modules flat in {LIB}/ (at most {MAX_FLAT}): {flat}"
+
+
+def test_no_module_is_over_the_size_a_reader_takes_in():
+    mods = _modules()
+    long = {str(p.relative_to(REPO)): n for p in mods.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split along a noun, STYLE.md 1): {long}"
+
+
+def test_library_imports_point_one_way():
     mods, graph = _graph()
-    wrong = []
-    for module, imports in graph.items():
-        here = _part(module)
-        for target, line in imports:
-            there = _part(target)
-            if module.startswith(f"{target}.") or target.rpartition(".")[0] == module.rpartition(".")[0] == target:
-                continue  # a package's own __init__
-            if there == here and here != "plumbing":
-                continue  # within one package
-            if _rank(there) >= _rank(here) and not (here == "plumbing" and there == "plumbing"):
-                wrong.append(f"{mods[module].relative_to(REPO)}:{line}: {here} imports {target} ({there})")
-    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+    wrong = _library_upward(graph)
+    assert not wrong, "imports against the library's layering:\n" + _explain(mods, wrong, _part)
+
+
+def test_recipe_rooms_import_one_way():
+    mods, graph = _graph()
+    wrong = _recipe_upward(graph)
+    assert not wrong, "imports against the recipe's rooms:\n" + _explain(mods, wrong, _room)
+
+
+def _verl_imports(path: Path) -> list[int]:
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        lines += [node.lineno for name in names if name.split(".")[0] == "verl"]
+    return lines
+
+
+def test_the_recipe_config_never_imports_verl():
+    """A config error answers in about a second, before any heavy import: the config room reads YAML, not verl."""
+    found = {
+        str(p.relative_to(REPO)): lines
+        for p in (REPO / "recipe" / "nemo_gym" / "config").rglob("*.py")
+        if (lines := _verl_imports(p))
+    }
+    assert not found, f"recipe/nemo_gym/config/ imports verl (file: lines): {found}"
 
 
 def test_no_import_cycles():
@@ -156,10 +231,27 @@ def test_no_import_cycles():
 
 
 def test_the_checks_see_what_they_check():
-    """A control: the graph is read from the real files (a layering test that finds no imports passes vacuously)."""
+    """Controls: the graph is read from the real files (a layering test that finds no imports passes vacuously), the
+    verl scan finds verl where it is imported, and each check refuses an import that points up."""
     _, graph = _graph()
-    assert any(t == "nemo_gym_adapter.tokens.splice" for t, _ in graph["nemo_gym_adapter.vllm.hooks"])
+    assert any(t == f"{LIB}.tokens.splice" for t, _ in graph[f"{LIB}.vllm.hooks"])
+    assert any(t == f"{RECIPE}.managers.base" for t, _ in graph[f"{RECIPE}.managers.v1"])
+    assert any(t == f"{RECIPE}.config.load" for t, _ in graph[f"{RECIPE}.trainer.task_runner"])
     assert sum(len(v) for v in graph.values()) > 150
+    assert _verl_imports(REPO / "recipe" / "nemo_gym" / "managers" / "legacy.py")
+    up = {f"{LIB}.runtime.procs": [(f"{LIB}.gym.head", 1)], f"{LIB}.wire.payloads": [(f"{LIB}.console.progress", 2)]}
+    assert [(m, t) for m, _, t in _library_upward(up)] == [
+        (f"{LIB}.runtime.procs", f"{LIB}.gym.head"),
+        (f"{LIB}.wire.payloads", f"{LIB}.console.progress"),  # same rank, another package
+    ]
+    assert _library_upward({f"{LIB}.errors": [(f"{RECIPE}.config.load", 3)]})  # the library never imports the recipe
+    up = {f"{RECIPE}.config.load": [(f"{RECIPE}.managers.base", 4)], f"{RECIPE}.managers.v1": [(f"{RECIPE}.main", 5)]}
+    assert [m for m, _, _ in _recipe_upward(up)] == [f"{RECIPE}.config.load", f"{RECIPE}.managers.v1"]
+    assert not _recipe_upward({f"{RECIPE}.trainer.task_runner": [(f"{RECIPE}.managers.legacy", 6)]})
+    with pytest.raises(AssertionError, match="give it a home"):
+        _part(f"{LIB}.loose_module")
+    with pytest.raises(AssertionError, match="give it one"):
+        _room(f"{RECIPE}.loose_module")
 
 
 def test_the_engine_packages_share_the_token_math_and_never_each_other():
@@ -167,7 +259,7 @@ def test_the_engine_packages_share_the_token_math_and_never_each_other():
     rank: the one-way check above refuses it; this names the intent)."""
     _, graph = _graph()
     for engine in ("vllm", "sglang"):
-        assert any(t == "nemo_gym_adapter.tokens.anchor" for t, _ in graph[f"{LIB}.{engine}.hooks"]), engine
+        assert any(t == f"{LIB}.tokens.anchor" for t, _ in graph[f"{LIB}.{engine}.hooks"]), engine
     crossing = [
         (m, t) for m, imports in graph.items() for t, _ in imports if {_part(m), _part(t)} == {"vllm", "sglang"}
     ]

@@ -22,7 +22,7 @@ import pytest
 
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
 from nemo_gym_adapter.gym.servers import GymServers
-from nemo_gym_adapter.procs import free_port, session_members
+from nemo_gym_adapter.runtime.procs import free_port, session_members
 from tests.support.gym_fixtures import single_tool_call_spec
 from tests.support.pids import alive_pids, wait_gone
 
@@ -177,7 +177,7 @@ CHILD = textwrap.dedent(
     from nemo_gym_adapter.gym.warm import WarmLauncher
     spec, mode = GymLaunchSpec.model_validate_json(sys.argv[1]), sys.argv[2]
     if "--watchdog" in sys.argv:  # as the trainer's task runner does first (gym.early)
-        from nemo_gym_adapter import reaper
+        from nemo_gym_adapter.runtime import reaper
         reaper.start_watchdog(spec.run_dir)
     if mode == "cold":  # Gym starts its own Ray cluster
         gym = GymServers.start(spec)
@@ -262,7 +262,7 @@ def test_a_sigkilled_trainers_warm_launcher_exits_by_itself_and_the_driver_sweep
 def test_a_sigkilled_trainers_gym_ray_head_and_servers_are_stopped_by_its_watchdog(tmp_path):
     """The trainer's default start (early Ray head, Gym launched by the warm launcher) in a process that set a watchdog
     first, as the task runner does: after a SIGKILL of that process, nothing of Gym or its Ray head is left within a
-    bounded wait, without anyone sweeping (``nemo_gym_adapter.reaper``)."""
+    bounded wait, without anyone sweeping (``nemo_gym_adapter.runtime.reaper``)."""
     run_dir = tmp_path / "run"
     spec = single_tool_call_spec([_dead_url()], "m", run_dir=run_dir, config_overrides=NO_MODEL_WAIT)
     spec_json = spec.model_dump_json(exclude={"policy_api_key"})

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import pytest
 
 from nemo_gym_adapter.gym.addresses import policy_urls
-from nemo_gym_adapter.procs import alive as _alive
+from nemo_gym_adapter.runtime.procs import alive as _alive
 from tests.support.gym_fixtures import (
     SINGLE_TOOL_CALL_AGENT,
     SINGLE_TOOL_CALL_CONFIG,
@@ -51,8 +51,8 @@ def _compose(train_file: str, **extra: str):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from recipe.nemo_gym.config.resolvers import register_resolvers
     from recipe.nemo_gym.main import CONFIG_DIR, with_verl_searchpath
-    from recipe.nemo_gym.resolvers import register_resolvers
 
     register_resolvers()
     overrides = [
@@ -182,7 +182,7 @@ def _rollouts(cfg, manager):
     from verl.trainer.ppo.utils import create_rl_dataset
     from verl.utils.dataset.rl_dataset import collate_fn
 
-    from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
+    from recipe.nemo_gym.managers.legacy import GYM_METRICS_KEY
 
     dataset = create_rl_dataset(cfg.data.train_files, cfg.data, None, None, is_train=True)
     batch = DataProto.from_single_dict(collate_fn([dataset[i] for i in range(len(dataset))]))
@@ -347,7 +347,7 @@ def _check_listeners(bed, manager, service) -> None:
         return out
 
     gym_side = tree(set(manager.gym.pids()) | set(manager.ray_head.pids()))
-    from nemo_gym_adapter.procs import session_members
+    from nemo_gym_adapter.runtime.procs import session_members
 
     service_side = tree({service.pid, *session_members(service.pid)})  # the attach test's Gym service on host 3
     unlisted = []

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nemo_gym_adapter.procs import alive as _alive
+from nemo_gym_adapter.runtime.procs import alive as _alive
 
 pytestmark = pytest.mark.integration
 

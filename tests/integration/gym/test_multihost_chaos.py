@@ -37,7 +37,7 @@ from collections import Counter
 import pytest
 
 from nemo_gym_adapter.errors import ServerDownError
-from nemo_gym_adapter.procs import alive, descendants, kill_tree, session_members
+from nemo_gym_adapter.runtime.procs import alive, descendants, kill_tree, session_members
 from tests.integration.gym.test_multihost import _compose, _manager, _ready_line, chosen_rollout_key
 from tests.integration.gym.test_server_down import generated
 from tests.support.gym_fixtures import example_rows

@@ -18,7 +18,7 @@ import pytest
 
 from nemo_gym_adapter.gym.ports import RAY_CLI_WORKER_PORTS
 from nemo_gym_adapter.gym.servers import GymServers
-from nemo_gym_adapter.procs import free_port
+from nemo_gym_adapter.runtime.procs import free_port
 from tests.integration.gym.test_lifecycle import NO_MODEL_WAIT, START_TIMEOUT_S, PidRecorder, _cmdlines
 from tests.support.gym_fixtures import SINGLE_TOOL_CALL_AGENT, single_tool_call_spec
 from tests.support.pids import alive_pids, wait_gone

@@ -31,10 +31,10 @@ from nemo_gym_adapter.gym.liveness import Liveness, LivenessConfig
 from nemo_gym_adapter.gym.ray_head import GymRayHead
 from nemo_gym_adapter.gym.servers import GymServers
 from nemo_gym_adapter.gym.warm import WarmLauncher
-from nemo_gym_adapter.procs import descendants
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig
 from nemo_gym_adapter.rollouts.core import RolloutCore, StepResult
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig
+from nemo_gym_adapter.runtime.procs import descendants
 from nemo_gym_adapter.vllm.server import VllmServer
 from tests.support.gym_fixtures import MAX_STEPS, example_rows
 from tests.support.vllm_fixtures import start_vllm_server

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.gym import server_venvs as sv
+from nemo_gym_adapter.runtime import paths
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]

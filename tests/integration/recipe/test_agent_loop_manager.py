@@ -49,8 +49,8 @@ BIAS_TOL = 3e-7  # |mean Δ|: a one-signed offset is a normalisation difference,
 def _compose(train_file: str):
     from hydra import compose, initialize_config_dir
 
+    from recipe.nemo_gym.config.resolvers import register_resolvers
     from recipe.nemo_gym.main import CONFIG_DIR, with_verl_searchpath
-    from recipe.nemo_gym.resolvers import register_resolvers
 
     register_resolvers()
     overrides = [
@@ -233,8 +233,8 @@ def test_the_replica_answers_only_the_runs_key_on_every_route(stack):
 def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
 
-    from recipe.nemo_gym.agent_loop import GYM_METRICS_KEY
-    from recipe.nemo_gym.task_runner import logprob_gap_metrics
+    from recipe.nemo_gym.managers.legacy import GYM_METRICS_KEY
+    from recipe.nemo_gym.trainer.task_runner import logprob_gap_metrics
 
     cfg, actor_wg, _, manager = stack
     batch, gen_batch = _gen_batch(cfg)
@@ -296,7 +296,7 @@ def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
     assert gap["onpolicy/logprob_abs_diff_max"] < GAP_MAX_TOL, gap
     assert abs(gap["onpolicy/kl_k1"]) < BIAS_TOL, gap
 
-    import recipe.nemo_gym.advantage  # noqa: F401  (masked_grpo registered in this process)
+    import recipe.nemo_gym.algorithms.masked_grpo  # noqa: F401  (masked_grpo registered in this process)
 
     batch.batch["token_level_rewards"] = batch.batch["rm_scores"]
     batch = compute_advantage(batch, adv_estimator=cfg.algorithm.adv_estimator, config=cfg.algorithm)
@@ -317,7 +317,7 @@ def test_validation_uses_val_kwargs_and_keeps_every_row(stack):
     assert manager.sampling_overrides(True)["temperature"] == cfg.actor_rollout_ref.rollout.val_kwargs.temperature
     out = manager.generate_sequences(gen_batch)
     assert len(out) == 3 and out.meta_info["reward_extra_keys"] == []
-    val = manager.pop_validation_metrics()  # the shared ValidationPass (manager_base), as the v1 manager feeds it
+    val = manager.pop_validation_metrics()  # the shared ValidationPass (managers.base), as the v1 manager feeds it
     assert val["val-aux/all/gym/num_samples"] == 3.0 and "val-core/all/gym/reward_mean" in val, sorted(val)
     assert manager.pop_validation_metrics() == {}
 

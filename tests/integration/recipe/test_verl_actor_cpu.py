@@ -191,7 +191,7 @@ def test_compute_log_prob_matches_hf_and_update_actor_trains(cpu_actor, tiny_mod
     assert torch.all(old_lp[~valid] == 0)  # padding positions stay zero after no_padding_2_padding
 
     # 2. advantages through verl's own dispatch (masked_grpo: row 5 is failed, so its group uses 3 rows).
-    import recipe.nemo_gym.advantage  # noqa: F401  (registers masked_grpo in this driver process)
+    import recipe.nemo_gym.algorithms.masked_grpo  # noqa: F401  (registers masked_grpo in this driver process)
 
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 0.0, 1.0, 0.25])
     token_rewards = torch.zeros(len(rows), RESPONSE_LEN)
@@ -256,7 +256,7 @@ def test_env_alone_selects_the_cpu_platform_in_a_fresh_process():
 
     env = dict(os.environ)
     values = cpu_platform.apply_env(env)
-    env["VERL_USE_EXTERNAL_MODULES"] = values["VERL_USE_EXTERNAL_MODULES"] + ",recipe.nemo_gym.advantage"
+    env["VERL_USE_EXTERNAL_MODULES"] = values["VERL_USE_EXTERNAL_MODULES"] + ",recipe.nemo_gym.algorithms.masked_grpo"
     assert values["VERL_USE_EXTERNAL_MODULES"].split(",")[0] == "recipe.nemo_gym.cpu.platform"
     out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -159,7 +159,7 @@ def server_pids(gym) -> dict[str, int]:
 
 def _kill_tree(pid: int) -> None:
     """SIGKILL a Gym server and its children: the pid Gym reports may be a wrapper around the uvicorn process."""
-    from nemo_gym_adapter.procs import descendants
+    from nemo_gym_adapter.runtime.procs import descendants
 
     for victim in [*descendants(pid), pid]:
         try:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.demo_models.converter import build_demo_model
+from nemo_gym_adapter.runtime import paths
 
 pytestmark = pytest.mark.integration
 

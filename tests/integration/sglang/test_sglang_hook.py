@@ -29,7 +29,7 @@ CASES = [REPO / "tests" / "sglang" / f"{name}_cases.py" for name in ("hook", "ab
 
 
 def _venv_python() -> Path:
-    from nemo_gym_adapter.paths import cache_dir
+    from nemo_gym_adapter.runtime.paths import cache_dir
 
     return cache_dir() / "sglang-venv" / "bin" / "python"
 

@@ -31,7 +31,7 @@ FAMILIES = hook_cases.FAMILIES
 
 
 def _venv_python() -> Path:
-    from nemo_gym_adapter.paths import cache_dir
+    from nemo_gym_adapter.runtime.paths import cache_dir
 
     return cache_dir() / "vllm024-venv" / "bin" / "python"
 

@@ -21,10 +21,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.access import guard, gym_guard
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym.launch import access_env, gym_env
+from nemo_gym_adapter.runtime import paths
 
 KEY = "gym-key-0123456789"
 

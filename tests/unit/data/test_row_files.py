@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.data.row_files import split_parser, write_jsonl
+from nemo_gym_adapter.runtime import paths
 
 
 def test_rows_are_written_one_json_object_per_line_unescaped(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter import paths
+from nemo_gym_adapter.runtime import paths
 from tests.support.row_scripts import assert_regenerated, load_script
 
 REPO = Path(__file__).resolve().parents[3]

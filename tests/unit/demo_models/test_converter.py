@@ -185,7 +185,7 @@ def test_gguf_comes_from_the_venv_or_is_installed_into_the_cache_only(tmp_path, 
 
 
 def test_the_demo_model_resolver_takes_every_manifest(monkeypatch, tmp_path):
-    from recipe.nemo_gym import resolvers
+    from recipe.nemo_gym.config import resolvers
 
     monkeypatch.setattr(cv, "build_demo_model", lambda name: tmp_path / name)
     assert resolvers.demo_model("smollm2") == str(tmp_path / "smollm2")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_gym_adapter import paths
 from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.gym.catalogue import BundledEnv, bundled_env, config_needs, declared_rows
+from nemo_gym_adapter.runtime import paths
 
 AGENT_YAML = """{agent}:
   responses_api_agents:

@@ -11,7 +11,7 @@ from pathlib import Path
 from nemo_gym_adapter.gym import readiness
 from nemo_gym_adapter.gym.head import GymServerInstance
 from nemo_gym_adapter.gym.servers import GymServers
-from nemo_gym_adapter.procs import LogWatch
+from nemo_gym_adapter.runtime.procs import LogWatch
 from tests.support.fake_gym_venv import fake_spec
 
 

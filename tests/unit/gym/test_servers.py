@@ -231,7 +231,7 @@ def test_a_port_lost_every_time_fails_after_the_retries_naming_server_and_port(f
 
 def test_a_pinned_head_port_that_is_lost_is_not_retried(fake_gym_venv, tmp_path, monkeypatch):
     from nemo_gym_adapter.gym.ports import GymPortInUseError
-    from nemo_gym_adapter.procs import free_port
+    from nemo_gym_adapter.runtime.procs import free_port
 
     monkeypatch.setenv("FAKE_GYM_MODE", f"lose_port:head:1:{tmp_path / 'launches'}")
     port = free_port()

@@ -59,7 +59,7 @@ def test_ready_at_reads_the_boots_ready_line():
 
 def _pids(proc: subprocess.Popen | psutil.Process) -> set[int]:
     """The process and its session (the fake Gym leaves a SIGTERM-ignoring orphan there)."""
-    from nemo_gym_adapter.procs import session_members
+    from nemo_gym_adapter.runtime.procs import session_members
 
     return {proc.pid, *session_members(proc.pid)}
 

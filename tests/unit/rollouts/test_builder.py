@@ -19,7 +19,7 @@ from nemo_gym_adapter.errors import AdapterConfigError, GymServerError, TokenAli
 from nemo_gym_adapter.rollouts.builder import build_trajectory
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig
-from nemo_gym_adapter.wire import parse_run_result
+from nemo_gym_adapter.wire.payloads import parse_run_result
 from tests.support.gym_results import (
     E0,
     E1,
@@ -298,7 +298,7 @@ def test_trajectories_keep_the_results_numeric_fields_masked_or_not():
         "reward_components/correct": 1.0,
         "reward_components/format": 1.0,
         "accuracy": 0.5,
-        # what the rollout's tool calls were worth, whatever the verifier checks (nemo_gym_adapter/tool_calls.py)
+        # what the rollout's tool calls were worth, whatever the verifier checks (nemo_gym_adapter/wire/tool_calls.py)
         "tool_calls/count": 1.0,
         "tool_calls/schema_valid": 1.0,
         "tool_calls/unknown_tool": 0.0,

@@ -13,13 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_gym_adapter.errors import AdapterConfigError, AdapterError, GymServerError
-from nemo_gym_adapter.procs import free_port
 from nemo_gym_adapter.rollouts.client import (
     BlockingRolloutClient,
     RolloutClient,
     RolloutClientConfig,
     apply_overrides,
 )
+from nemo_gym_adapter.runtime.procs import free_port
 from tests.support.fake_gym import GYM_CONFIG, FakeEnvServer, FakeHeadServer, routes_for
 
 

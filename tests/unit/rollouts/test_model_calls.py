@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from nemo_gym_adapter.rollouts.model_calls import calls_without_ids, contiguous_prefix
 from nemo_gym_adapter.rollouts.trajectory import MaskReason
-from nemo_gym_adapter.wire import parse_run_result
+from nemo_gym_adapter.wire.payloads import parse_run_result
 from tests.support.gym_results import E0, G0, G1, P0, build, handmade_message, handmade_multiturn, handmade_result
 
 

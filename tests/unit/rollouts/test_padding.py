@@ -15,7 +15,7 @@ from nemo_gym_adapter.rollouts.builder import build_trajectory
 from nemo_gym_adapter.rollouts.outcome import trajectory_from_outcome
 from nemo_gym_adapter.rollouts.padding import pad_trajectories
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory, TrajectoryConfig
-from nemo_gym_adapter.wire import parse_run_result
+from nemo_gym_adapter.wire.payloads import parse_run_result
 from tests.support.gym_results import (
     CFG,
     E0,

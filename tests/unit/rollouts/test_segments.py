@@ -20,7 +20,7 @@ from nemo_gym_adapter.rollouts.metrics import compute_metrics
 from nemo_gym_adapter.rollouts.model_calls import prefix_segments
 from nemo_gym_adapter.rollouts.segments import build_trajectories
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, TrajectoryConfig
-from nemo_gym_adapter.wire import parse_run_result
+from nemo_gym_adapter.wire.payloads import parse_run_result
 from tests.support.gym_results import GYM_RESULTS
 
 MODES = ("mask", "truncate", "split")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from nemo_gym_adapter.sglang import answer
 from nemo_gym_adapter.sglang.request_ids import CURRENT, RequestIds
-from nemo_gym_adapter.wire import GENERATION_ABORTED
+from nemo_gym_adapter.wire.payloads import GENERATION_ABORTED
 
 
 def _ret(finish: dict, ids=(7, 8)) -> dict:
