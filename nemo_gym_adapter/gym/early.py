@@ -24,10 +24,10 @@ from nemo_gym_adapter.runtime import reaper
 
 @contextlib.contextmanager
 def early_gym_servers(gym: NemoGymConfig) -> Iterator[GymRayHead | None]:
-    """Start Gym's Ray head now, if the run's ``nemo_gym:`` section wants one, for the
-    rollout manager created later in this process to claim (``ray_head.claim_early_head``), and, with
-    ``nemo_gym.warm_launcher``, a warm Gym launcher next to it (``warm.claim_early_warm``). On exit what nobody
-    claimed (start-up failed before the manager existed) is stopped; what was claimed is the manager's to stop.
+    """Start Gym's Ray head now, if the run's ``nemo_gym:`` section wants one, for the rollout manager created later
+    in this process to claim (``ray_head.claim_early_head``), and, with ``nemo_gym.warm_launcher``, a warm Gym
+    launcher next to it (``warm.claim_early_warm``). On exit what nobody claimed (start-up failed before the manager
+    existed) is stopped; what was claimed is the manager's to stop.
 
     First, for a Gym we start with a run dir: a watchdog that stops whatever the run dir's pid records name once
     this process is gone, however it died (``reaper.start_watchdog``)."""

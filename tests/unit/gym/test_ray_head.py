@@ -158,8 +158,8 @@ def _gym(tmp_path: Path, venv: Path, **section) -> NemoGymConfig:
 def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(
     fake_gym_venv, tmp_path, watchdog_requests
 ):
-    cfg = _gym(tmp_path, fake_gym_venv)
-    with early_gym_servers(cfg) as head:
+    gym = _gym(tmp_path, fake_gym_venv)
+    with early_gym_servers(gym) as head:
         assert head is not None and head.alive() and head.run_dir == tmp_path / "gym"
         assert watchdog_requests == [tmp_path / "gym"]  # set before the head started (reaper)
         claimed = claim_early_head()
@@ -168,7 +168,7 @@ def test_early_head_is_claimed_by_the_manager_or_stopped_when_nobody_claims_it(
         assert head.alive()  # a claimed head outlives the runner's block
     finally:
         head.stop()
-    with early_gym_servers(cfg) as unclaimed:  # init_workers failed before the manager existed
+    with early_gym_servers(gym) as unclaimed:  # init_workers failed before the manager existed
         assert unclaimed is not None
     assert not unclaimed.alive() and claim_early_head() is None
     for section in ({"ray_head": "gym"}, {"ray_head": "10.0.0.1:6379"}, {"head_url": "http://h:1", "config_paths": []}):

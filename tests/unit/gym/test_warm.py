@@ -164,8 +164,8 @@ def _gym(tmp_path: Path, venv: Path, **section) -> NemoGymConfig:
 
 
 def test_early_start_holds_the_heads_token_is_claimed_or_stopped(fake_gym_venv, tmp_path):
-    cfg = _gym(tmp_path, fake_gym_venv, env={"NGV_X": "1"})
-    with early_gym_servers(cfg) as head:
+    gym = _gym(tmp_path, fake_gym_venv, env={"NGV_X": "1"})
+    with early_gym_servers(gym) as head:
         assert isinstance(head, GymRayHead)
         warm = claim_early_warm()
         assert warm is not None and warm.alive() and claim_early_warm() is None
@@ -177,7 +177,7 @@ def test_early_start_holds_the_heads_token_is_claimed_or_stopped(fake_gym_venv, 
     finally:
         warm.stop()
         head.stop()
-    with early_gym_servers(cfg) as head:  # nobody claimed either: both stopped at the end of the block
+    with early_gym_servers(gym) as head:  # nobody claimed either: both stopped at the end of the block
         pids = claim_early_warm_pids()
     assert wait_gone(pids, 10.0) == [] and not head.alive()
     for section in ({"warm_launcher": False}, {"head_url": "http://h:1", "config_paths": []}):
