@@ -12,7 +12,9 @@ default as the first code span of its cell) are read as data. :func:`check` comp
 
 The base file is in turn checked against the pydantic model of the section (``nemo_gym_adapter/config.py``): the
 same keys, the same defaults (except ``config_paths``, which the model leaves empty: required unless ``head_url``),
-and the page's ``data.nemo_gym`` rows against the options the dataset reads.
+and the page's ``data.nemo_gym`` rows against the options the dataset reads. The README's short keys table (same
+format) states the same defaults as the page. Each check has a control: a copy of the page, the README or the base
+file changed one way is caught.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import BaseModel, SecretStr
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "CONFIGURATION.md"
+README = REPO / "README.md"
 BASE = REPO / "configs" / "base" / "nemo_gym_recipe.yaml"
 OURS = ("nemo_gym", "data.nemo_gym")  # the sections every key of which the page must list
 _CELL = re.compile(r"(?<!\\)\|")  # a table cell boundary (an escaped \| is text)
@@ -237,6 +240,47 @@ def test_control_a_changed_default_in_the_base_file_is_caught():
     text = BASE.read_text(encoding="utf-8").replace("    timeout_s: 900\n", "    timeout_s: 1800\n")
     problems = check(DOC.read_text(encoding="utf-8"), load_base(text))
     assert len(problems) == 1 and "nemo_gym.client.timeout_s's default is `900`" in problems[0], problems
+
+
+def _stated(row: Row) -> tuple[bool, str]:
+    """Whose default a cell states (verl's or not) and its first `value` (the whole cell when it has none)."""
+    code = _CODE.search(row.default)
+    return row.default.startswith("verl"), code.group(1) if code else row.default
+
+
+def readme_problems(readme_text: str, doc_text: str) -> list[str]:
+    """The README's short keys table against the reference: each of its keys has a row there, with the same default."""
+    rows, problems = key_rows(readme_text)
+    reference, _ = key_rows(doc_text)
+    for key, row in rows.items():
+        if key not in reference:
+            problems.append(f"README line {row.line}: {key} has no row in docs/CONFIGURATION.md")
+        elif _stated(row) != _stated(reference[key]):
+            problems.append(
+                f"README line {row.line}: {key}'s default is {row.default!r}, "
+                f"in docs/CONFIGURATION.md {reference[key].default!r}"
+            )
+    return problems
+
+
+def test_the_readme_keys_are_the_references():
+    readme = README.read_text(encoding="utf-8")
+    assert len(key_rows(readme)[0]) >= 10, "the README's keys table is no longer found"
+    assert readme_problems(readme, DOC.read_text(encoding="utf-8")) == []
+
+
+def test_control_a_readme_default_out_of_step_is_caught():
+    readme = _with_default(README.read_text(encoding="utf-8"), "nemo_gym.on_server_down", "`restart`", "`mask`")
+    readme = _with_default(readme, "trainer.v1.trainer_mode", "verl: `sync`", "`sync`")
+    readme += "\n| key | default | what |\n|---|---|---|\n| `nemo_gym.no_such_key` | `1` | x |\n"
+    problems = readme_problems(readme, DOC.read_text(encoding="utf-8"))
+    assert len(problems) == 3, problems
+    for expected in (
+        "trainer.v1.trainer_mode's default is '`sync`'",  # verl's default stated as if it were the base file's
+        "nemo_gym.on_server_down's default is '`mask`'",
+        "nemo_gym.no_such_key has no row",
+    ):
+        assert any(expected in p for p in problems), (expected, problems)
 
 
 def _model_leaves(model: type[BaseModel], prefix: str) -> dict[str, Any]:
