@@ -4,8 +4,8 @@ Validated once, at start-up, before any heavy import, together with the verl key
 (:func:`recipe.nemo_gym.config.load.load_config`); every error names the full dotted key, the bad value and the
 fix, and all problems are reported together. Everything else reads attributes of the returned
 :class:`NemoGymConfig` -- no ``cfg.get("key", default)`` chains elsewhere (STYLE.md §3). A new key: a field here
-(with its default and why), a line below, a row in ``configs/base/nemo_gym_recipe.yaml``, and, when users set it,
-in the README's keys table.
+(with its default and why), a line below, a row in ``configs/base/nemo_gym_recipe.yaml`` and one in ``docs/CONFIGURATION.md`` (a test holds the two
+to each other), and, when it is one of the keys that matter most, a line in the README's table.
 
 ``nemo_gym:`` keys (defaults in :class:`NemoGymConfig`)::
 

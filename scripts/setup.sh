@@ -13,7 +13,7 @@
 #
 # Environment knobs: NGV_TRAINER_PYTHON (default python3.11), NGV_GYM_PYTHON (default: newest 3.13+/3.12 found),
 # NGV_SKIP_GYM=1 (trainer only), NGV_CACHE_DIR (default .cache).
-# GPU users: see README ("GPU install").
+# GPU users: docs/INSTALL.md (the GPU install).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
