@@ -50,6 +50,7 @@ def test_the_shipped_configs_are_the_expected_ones():
         "nemo_gym_cpu",
         "nemo_gym_cpu_latency",
         "nemo_gym_cpu_multi_env",
+        "nemo_gym_cpu_qwen_calc",
         "nemo_gym_cpu_qwen_tools",
         "nemo_gym_cpu_qwen_weather",
         "nemo_gym_cpu_smollm2_math",

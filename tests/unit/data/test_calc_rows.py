@@ -1,0 +1,74 @@
+"""The calculator rows are exactly what ``scripts/make_calc_rows.py`` generates (never hand-edited), in Gym's
+``math_advanced_calculations`` row format, with validation held out by operands and by family, ground truths that are
+the environment's own arithmetic, and no nested row solvable without using what an inner call returned."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from nemo_gym_adapter.data.rows import validate_row
+from tests.support.row_scripts import assert_regenerated, load_script
+
+
+def _request(r: dict) -> str:
+    return r["responses_create_params"]["input"][0]["content"]
+
+
+def test_the_committed_rows_are_the_generators_output(tmp_path):
+    script = load_script("make_calc_rows")
+    assert script.main(["--out", str(tmp_path)]) == 0
+    assert_regenerated(script, tmp_path, (script.TRAIN_FILE, script.VAL_FILE))
+
+
+def test_validation_is_held_out_by_operands_and_by_family():
+    script = load_script("make_calc_rows")
+    train, val = script.make(240, 50, 2025)
+    assert len(train) == 240 and len(val) == 50
+    assert not {_request(r) for r in train} & {_request(r) for r in val}
+    literals = lambda rows: {float(x) for r in rows for x in script._LITERAL.findall(_request(r))}  # noqa: E731
+    assert max(literals(train)) < 10 <= min(literals(val) - {0.0, 1.0, 2.0, 3.0, 4.0})  # powers keep small operands
+    assert {r["family"] for r in train} == set(script.TRAIN_FAMILIES)
+    held = [r for r in val if r["family"] in script.HELD_OUT_FAMILIES]
+    assert len(held) == 20 and {r["family"] for r in held} == set(script.HELD_OUT_FAMILIES)
+    assert script.make(24, 50, 2025)[1] == val  # the validation split does not move with the training size
+
+
+def test_rows_are_the_environments_format():
+    script = load_script("make_calc_rows")
+    train, val = script.make(240, 50, 2025)
+    for i, r in enumerate(train + val):
+        assert validate_row(r, f"row {i}") == "math_advanced_calculations_simple_agent"
+        assert r["responses_create_params"]["tools"] == script.TOOLS
+        values = json.loads(r["ground_truth"])  # the environment json.loads it (a list would crash its verify)
+        assert len(values) == r["breadth"] and all(math.isfinite(v) for v in values)
+        assert {"id", "depth", "breadth"} <= set(r)
+
+
+def test_ground_truth_is_the_environments_arithmetic():
+    script = load_script("make_calc_rows")
+    assert script.BINARY["+"][1](2.0, 3.0) == 6.2 and script.BINARY["*"][1](2.0, 3.0) == 1.1 * 2.0 * 3.0
+    assert script.UNARY["sin"][1](1.0) == math.cos(1.0) and script.UNARY["neg"][1](5.0) == 5.0
+    assert script.BINARY["**"][1](2.0, 1.0) == 8.0 and script.BINARY["-"][1](5.0, 1.0) == 1.0
+
+
+def test_no_nested_row_has_a_one_call_shortcut():
+    script = load_script("make_calc_rows")
+    train, val = script.make(240, 50, 2025)
+    nested = [r for r in train + val if r["depth"] >= 2]
+    assert len(nested) >= 90
+    for r in nested:
+        (value,) = json.loads(r["ground_truth"])
+        assert value not in script.shortcuts(_request(r)), _request(r)
+    # the filter's control: a coincidence it must catch (1.1 * (6 / 2 * 0.5 ...) -- multiply(6.0, 2.0) == 13.2)
+    assert script.BINARY["*"][1](script.BINARY["/"][1](6.0, 2.0), 8.0) in script.shortcuts("((6.0 / 2.0) * 8.0)")
+
+
+def test_sizes_that_cannot_be_split_evenly_are_an_error():
+    script = load_script("make_calc_rows")
+    with pytest.raises(ValueError, match="--val 48"):
+        script.make(240, 48, 2025)
+    with pytest.raises(ValueError, match="--train 250"):
+        script.make(250, 50, 2025)
