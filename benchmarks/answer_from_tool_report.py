@@ -188,7 +188,9 @@ def rollout(record: Mapping[str, Any], rows: Mapping[str, dict[str, Any]]) -> di
     texts = [p for k, p in items if k == "text"]
     tools = _tools_of(row)
     known = [c for c in calls if not tools or c[0] in tools]
-    schema_ok = sum(isinstance(a := _args(args), dict) and all(k in a for k in tools.get(name, [])) for name, args in known)
+    schema_ok = sum(
+        isinstance(a := _args(args), dict) and all(k in a for k in tools.get(name, [])) for name, args in known
+    )
     seen: set[str] = set()
     repeats = 0
     for name, args in calls:

@@ -7,7 +7,8 @@ outputs include every value asked for, exactly), with expressions a 0.5B model c
 
 writes ``calc_train.jsonl`` and ``calc_val.jsonl`` (committed; ``tests/unit/data/test_calc_rows.py`` regenerates them
 and compares bytes, so they are never hand-edited). Each row is the environment's own format: the user's request, the
-environment's eleven tool schemas (copied from Gym's example rows), ``ground_truth`` (a JSON list of the values, one
+tools it needs among the environment's
+eleven tool schemas (copied from Gym's example rows; five per row, the others drawn at random), ``ground_truth`` (a JSON list of the values, one
 per requested expression, computed with the environment's own arithmetic), ``depth``/``breadth``/``id`` (which the
 environment requires), ``agent_ref`` to ``math_advanced_calculations_simple_agent``, and ``family``.
 
@@ -52,7 +53,9 @@ def _tool(name: str, description: str, params: dict[str, str]) -> dict:
 
 # Gym's example rows' tools, verbatim and in their order
 TOOLS = [
-    _tool("multiply", "Multiply two numbers; a * b.", {"a": "First number to multiply", "b": "Second number to multiply"}),
+    _tool(
+        "multiply", "Multiply two numbers; a * b.", {"a": "First number to multiply", "b": "Second number to multiply"}
+    ),
     _tool(
         "divide",
         "Divide two numbers; a / b. Division is neither commutative nor associative.",
@@ -88,6 +91,9 @@ UNARY: dict[str, tuple[str, Callable[[float], float]]] = {
     "cos": ("cos({})", math.sin),
     "neg": ("-({})", lambda a: a),
 }
+TOOL_OF = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide", "**": "power", "log": "log", "sin": "sin",
+           "cos": "cos", "neg": "negate", "pi": "pi"}  # fmt: skip
+TOOLS_PER_ROW = 5
 TRAIN_OPS = ("+", "-", "*", "/", "sin", "cos", "neg")
 HELD_OUT_OPS = ("**", "log", "pi")
 
@@ -187,11 +193,31 @@ TRAIN_FAMILIES: dict[str, Family] = {f.__name__: f for f in (one_operation, two_
 HELD_OUT_FAMILIES: dict[str, Family] = {f.__name__: f for f in (chain_of_three, new_operation)}
 
 
-def row(family: str, exprs: list[Expr], depth: int, index: int) -> dict:
+def _needed(text: str) -> set[str]:
+    """The tools an expression's text calls for (its operators and functions)."""
+    names = {TOOL_OF[f] for f in ("sin", "cos", "log") if f"{f}(" in text}
+    names |= {"pi"} if re.search(r"\bpi\b", text) else set()
+    names |= {"power"} if "**" in text else set()
+    names |= {"negate"} if re.search(r"(^|[\s(,])-\(", text) else set()
+    names |= {TOOL_OF[o] for o in ("+", "*", "/") if f" {o} " in text} | ({"subtract"} if " - " in text else set())
+    return names
+
+
+def tools_for(rng: random.Random, exprs: list[Expr]) -> list[dict]:
+    """The row's tools: every one its expressions need, then others drawn at random up to :data:`TOOLS_PER_ROW`, in
+    Gym's order. Gym's own rows list all eleven (~900 prompt tokens of schemas); five keep the choice between tools
+    and a third of the prompt, which is what a 2-core training step pays for."""
+    needed = set().union(*(_needed(t) for t, _ in exprs))
+    others = [t["name"] for t in TOOLS if t["name"] not in needed and t["name"] != "return_constant"]
+    chosen = needed | set(rng.sample(others, max(0, TOOLS_PER_ROW - len(needed))))
+    return [t for t in TOOLS if t["name"] in chosen]
+
+
+def row(family: str, exprs: list[Expr], depth: int, index: int, tools: list[dict]) -> dict:
     return {
         "responses_create_params": {
             "input": [{"role": "user", "content": _request(exprs)}],
-            "tools": TOOLS,
+            "tools": tools,
             "parallel_tool_calls": False,
         },
         "ground_truth": json.dumps([v for _, v in exprs]),
@@ -220,7 +246,7 @@ def _draw(rng: random.Random, families: dict[str, Family], per_family: int, val:
             else:
                 raise ValueError(f"{name}: no new finite expression in 200 draws")
             seen.add(text)
-            drawn.append((name, exprs, depth))
+            drawn.append((name, exprs, depth, tools_for(rng, exprs)))
     rng.shuffle(drawn)
     return drawn
 
@@ -239,8 +265,8 @@ def make(n_train: int, n_val: int, seed: int) -> tuple[list[dict], list[dict]]:
     val = _draw(val_rng, {**TRAIN_FAMILIES, **HELD_OUT_FAMILIES}, n_val // families, True, seen)
     train = _draw(train_rng, TRAIN_FAMILIES, n_train // len(TRAIN_FAMILIES), False, seen)
     return (
-        [row(f, e, d, i) for i, (f, e, d) in enumerate(train)],
-        [row(f, e, d, i) for i, (f, e, d) in enumerate(val)],
+        [row(f, e, d, i, t) for i, (f, e, d, t) in enumerate(train)],
+        [row(f, e, d, i, t) for i, (f, e, d, t) in enumerate(val)],
     )
 
 

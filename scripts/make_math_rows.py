@@ -38,7 +38,7 @@ SYSTEM = (
     "stdout. If there are multiple calculations and they depend on each other, you should use the execute_python tool "
     "to perform the calculations step by step. You have access to numpy, scipy, and pandas libraries. After "
     "completing all calculations, provide your final answer in the format: \\boxed{your_answer} \n\n# Available "
-    "Tools\n- execute_python: Execute Python code to perform mathematical calculations\n\n# Example\nIf asked \"What "
+    'Tools\n- execute_python: Execute Python code to perform mathematical calculations\n\n# Example\nIf asked "What '
     'is 5 factorial?", you would use execute_python with code like:\n```python\nimport math\nresult = '
     'math.factorial(5)\nprint(f"5! = {result}")\n```'
 )
@@ -81,7 +81,9 @@ def product(rng: Rng, s: int) -> tuple[str, str]:
 
 def sum_of_multiples(rng: Rng, s: int) -> tuple[str, str]:
     k, n = rng.randint(3, 19), _span(rng, s, (1_000, 9_999), (10_000, 30_000))
-    return f"What is the sum of all positive multiples of {k} that are at most {n}?", str(k * (n // k) * (n // k + 1) // 2)
+    return f"What is the sum of all positive multiples of {k} that are at most {n}?", str(
+        k * (n // k) * (n // k + 1) // 2
+    )
 
 
 def sum_of_squares(rng: Rng, s: int) -> tuple[str, str]:
@@ -213,7 +215,9 @@ TRAIN_FAMILIES: dict[str, Family] = {
         fibonacci,
     )
 }
-HELD_OUT_FAMILIES: dict[str, Family] = {f.__name__: f for f in (weekday, digit_sum_of_power, collatz_steps, sum_of_primes)}
+HELD_OUT_FAMILIES: dict[str, Family] = {
+    f.__name__: f for f in (weekday, digit_sum_of_power, collatz_steps, sum_of_primes)
+}
 
 
 def row(family: str, question: str, answer: str) -> dict:

@@ -41,10 +41,26 @@ def test_rows_are_the_environments_format():
     train, val = script.make(240, 50, 2025)
     for i, r in enumerate(train + val):
         assert validate_row(r, f"row {i}") == "math_advanced_calculations_simple_agent"
-        assert r["responses_create_params"]["tools"] == script.TOOLS
+        tools = r["responses_create_params"]["tools"]
+        names = [t["name"] for t in tools]
+        assert all(t in script.TOOLS for t in tools) and names == sorted(
+            names, key=[t["name"] for t in script.TOOLS].index
+        )
+        assert len(tools) == script.TOOLS_PER_ROW and script._needed(_request(r)) <= set(names), (_request(r), names)
         values = json.loads(r["ground_truth"])  # the environment json.loads it (a list would crash its verify)
         assert len(values) == r["breadth"] and all(math.isfinite(v) for v in values)
         assert {"id", "depth", "breadth"} <= set(r)
+
+
+def test_the_tools_a_row_needs_are_read_from_its_text():
+    script = load_script("make_calc_rows")
+    assert script._needed("((2.0 * cos(3.0)) - 1.0)") == {"multiply", "cos", "subtract"}
+    assert script._needed("-((5.0 + 4.0))") == {"negate", "add"} and script._needed("(4.0 - -(8.0))") == {
+        "subtract",
+        "negate",
+    }
+    assert script._needed("2.0 ** 1.0") == {"power"} and script._needed("log(12.0, 3.0)") == {"log"}
+    assert script._needed("pi") == {"pi"} and script._needed("(9.0 / 2.0)") == {"divide"}
 
 
 def test_ground_truth_is_the_environments_arithmetic():
