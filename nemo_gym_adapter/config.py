@@ -34,7 +34,8 @@ to each other), and, when it is one of the keys that matter most, a line in the 
       partial_rollouts: true         # a turn a weight sync aborted resumes from its tokens (false: 503, regenerated)
       client: {max_concurrency: 64, timeout_s: 900, max_connection_retries: 3, retry_backoff_s: 0.5, progress: null,
                max_body_mb: 128}       # max_body_mb: the largest /run body read (rollouts.transport)
-      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null}
+      trajectory: {contiguity: mask, mask_on_failure_kind: false, verifier_errors: {}, forced_token_min_logprob: null,
+                   train_tokens: generated}   # measure_retemplated: a measurement mode (rollouts.retemplate)
       metrics: {success_threshold: null, gym_aggregate: true}   # gym_aggregate: Gym's /aggregate_metrics on validation
       env_weights: null              # {<env>: <weight>}: each env's share of every training batch (env_sampling)
       on_server_down: restart        # a dead Gym server / vLLM replica: mask its rows | restart (a Gym we started) | fail
@@ -95,6 +96,11 @@ class TrajectorySection(_Section):
     # decoding forced (grammars, structured outputs, allowed_token_ids), trained off-policy otherwise
     # (rollouts.forced). null: every sampled token is trained.
     forced_token_min_logprob: float | None = Field(default=None, le=0)
+    # A MEASUREMENT mode, never for real training: measure_retemplated trains every rollout as its re-templated
+    # conversation (the final history rendered by the chat template, loss on its assistant spans, old log-probs from the
+    # actor), as trainers without exact token ids do (rollouts.retemplate; docs/TOKEN_PATCH.md). generated: the tokens
+    # the model generated, in the contexts it saw them in.
+    train_tokens: Literal["generated", "measure_retemplated"] = "generated"
 
 
 class MetricsSection(_Section):
@@ -290,6 +296,17 @@ class NemoGymConfig(_Section):
                 "access.guard_gym needs the run's rollout key (access.require_key: true) and a Gym this run starts "
                 "(head_url: null); a Gym you run yourself is yours to protect (docs/CLUSTER.md)"
             )
+        if self.trajectory.train_tokens == "measure_retemplated":
+            if self.trusted_logprobs.enable:
+                raise ValueError(
+                    "trajectory.train_tokens=measure_retemplated trains tokens the model never generated: their old "
+                    "log-probs must be the actor's; set nemo_gym.trusted_logprobs.enable=false"
+                )
+            if self.trajectory.contiguity == "split":
+                raise ValueError(
+                    "trajectory.train_tokens=measure_retemplated makes one sample of the whole conversation; "
+                    "contiguity=split makes one per model call: choose one (they are two of docs/TOKEN_PATCH.md's arms)"
+                )
         if self.head_url is not None and self.config_paths:
             raise ValueError(
                 f"both head_url ({self.head_url}) and config_paths are set: attaching uses the running Gym's own "

@@ -82,6 +82,8 @@ def _scope_metrics(
         out["truncation_rate"] = float(np.mean([t.truncated for t in valid]))
         # sampled tokens left out of the loss as forced by constrained decoding (rollouts.forced)
         out["forced_token_rate"] = sum(t.num_forced for t in valid) / max(1, sum(generated))
+        # trained tokens the model never generated (train_tokens: measure_retemplated; 0 otherwise: rollouts.retemplate)
+        out["never_generated_rate"] = sum(t.num_never_generated for t in valid) / max(1, sum(generated))
     out["contiguity_failure_rate"] = float(np.mean([t.contiguity_failure for t in trajs]))
     out["contiguity_rate"] = 1.0 - out["contiguity_failure_rate"]
     gym_kinds = [t.failure_kind for t in trajs if t.failure_kind and not t.failure_kind.startswith("client:")]
@@ -106,6 +108,7 @@ def _one_rollout(segments: tuple[Trajectory, ...]) -> Trajectory:
         truncated=any(t.truncated for t in valid),
         contiguity_failure=True,
         forced=np.concatenate([np.zeros(t.num_generated, bool) if t.forced is None else t.forced for t in valid]),
+        never_generated=None,  # a split rollout trains each segment's own generation only
     )
 
 

@@ -60,6 +60,7 @@ def pad_trajectories(
     attention_mask = np.zeros((B, L), dtype=np.int64)
     mask = np.zeros((B, R), dtype=np.int64)
     log_probs = np.zeros((B, R), dtype=np.float32)
+    turns = np.zeros((B, R), dtype=np.int64)
     p_lens = np.empty(B, dtype=np.int64)
     r_lens = np.empty(B, dtype=np.int64)
     # One slice copy per row and per sampled span (memcpy speed); no Python work per token.
@@ -74,6 +75,7 @@ def pad_trajectories(
         input_ids[i, P : P + lr] = response
         attention_mask[i, P - lp : P + lr] = 1  # left-padded prompt and right-padded response meet at P
         fill_sampled(t, mask[i], log_probs[i], where=f"pad_trajectories: row {i}")
+        turns[i, :lr] = token_turns(t, lr)
 
     rm_scores = np.zeros((B, R), dtype=np.float32)
     rm_scores[np.arange(B), r_lens - 1] = [t.reward for t in trajectories]
@@ -100,6 +102,7 @@ def pad_trajectories(
         "attention_mask": torch.from_numpy(attention_mask),
         "position_ids": torch.from_numpy(position_ids),
         "rm_scores": torch.from_numpy(rm_scores),
+        "token_turns": torch.from_numpy(turns),
     }
     return PaddedBatch(tensors=tensors, non_tensors=non_tensors)
 
@@ -124,6 +127,11 @@ def fill_sampled(t: Trajectory, mask: np.ndarray, log_probs: np.ndarray, *, wher
         raise ValueError(f"{where} has {len(t.sampled_logprobs)} logprobs for {offset} tokens")
     if t.forced is not None:  # sampled, but forced by constrained decoding: not trained (rollouts.forced)
         mask[sampled_positions(t.sampled_spans)[t.forced]] = 0
+
+
+def token_turns(t: Trajectory, length: int) -> np.ndarray:
+    """``t.token_turns()`` over a response row of ``length`` tokens (a masked row's one pad token: 0)."""
+    return t.token_turns() if len(t.response_ids) == length else np.zeros(length, dtype=np.int64)
 
 
 def _objects(values: list[Any]) -> np.ndarray:

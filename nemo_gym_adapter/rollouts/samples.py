@@ -9,6 +9,8 @@ carry identical tokens, masks, logprobs and rewards. Layout (verl 0.9.1 ``AgentL
 * ``response_mask`` = ``loss_mask`` (R,) int64: 1 where the model sampled;
 * ``rollout_log_probs`` (R,) float32: generation logprobs there, 0 elsewhere;
 * ``rm_scores`` (R,) float32: the reward on the last response token;
+* ``token_turns`` (R,) int64: which model call each sampled token is (``Trajectory.token_turns``: k + 1, negative on
+  a token the model never generated, 0 elsewhere): the per-turn log-prob gap (``onpolicy/first_turn/*``);
 * ``input_ids`` (P + R,) = prompts ‖ responses; ``position_ids`` (P + R,) = ``0 … P+R-1`` (what verl's
   ``compute_position_id_with_mask`` gives an all-ones attention mask).
 
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from nemo_gym_adapter.rollouts.padding import fill_sampled, row_tokens
+from nemo_gym_adapter.rollouts.padding import fill_sampled, row_tokens, token_turns
 from nemo_gym_adapter.rollouts.trajectory import Trajectory
 
 
@@ -60,6 +62,7 @@ def sample_tensors(t: Trajectory, *, pad_token_id: int) -> SampleTensors:
         "loss_mask": response_mask.clone(),
         "rollout_log_probs": torch.from_numpy(log_probs),
         "rm_scores": torch.from_numpy(rm_scores),
+        "token_turns": torch.from_numpy(token_turns(t, len(response))),
         "input_ids": torch.from_numpy(input_ids),
         "position_ids": torch.arange(len(input_ids), dtype=torch.int64),
     }

@@ -19,8 +19,9 @@ Rows masked for another reason (``mask_sample``, missing ids or log-probs, a fir
 stay one masked sample. The v1 manager puts the segments as ``{uid}_{session}_{i}`` and ``masked_grpo`` counts the
 session once (``recipe.nemo_gym.algorithms.masked_grpo``); the legacy trainer refuses ``split`` at start-up (``config``).
 
-Called by :mod:`nemo_gym_adapter.rollouts.outcome` with the result it parsed (and by tests); imports :mod:`builder`
-and :mod:`model_calls`.
+Called by :mod:`nemo_gym_adapter.rollouts.outcome` with the result it parsed (and by tests); imports :mod:`builder`,
+:mod:`model_calls` and, for ``train_tokens: measure_retemplated`` (the one other way a result becomes samples),
+:mod:`retemplate`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import replace
 
 from nemo_gym_adapter.rollouts.builder import build_trajectory
 from nemo_gym_adapter.rollouts.model_calls import prefix_segments
+from nemo_gym_adapter.rollouts.retemplate import retemplated_trajectory
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory, TrajectoryConfig
 from nemo_gym_adapter.wire.payloads import GymRunResult
 
@@ -42,7 +44,13 @@ def build_trajectories(
     latency_s: float | None = None,
 ) -> tuple[Trajectory, ...]:
     """One parsed ``/run`` result → its trajectories: :func:`build_trajectory`'s one, or under ``split`` one per
-    segment of a rollout whose calls do not form one history (module docstring)."""
+    segment of a rollout whose calls do not form one history (module docstring); under ``train_tokens:
+    measure_retemplated`` its re-templated one (:mod:`nemo_gym_adapter.rollouts.retemplate`)."""
+    if config.train_tokens == "measure_retemplated":
+        sample = retemplated_trajectory(
+            result, env_name=env_name, config=config, renderer=config.renderer, row_index=row_index, latency_s=latency_s
+        )
+        return (sample,)
     first = build_trajectory(result, env_name=env_name, config=config, row_index=row_index, latency_s=latency_s)
     if config.contiguity != "split" or first.masked_reason is not MaskReason.NON_CONTIGUOUS:
         return (first,)
@@ -65,5 +73,15 @@ def _split(
         items = [output[calls[k][0]] for k in segment]  # the segment's model calls (they carry its ids)
         part = result.model_copy(update={"response": result.response.model_copy(update={"output": items})})
         t = build_trajectory(part, env_name=env_name, config=config, row_index=row_index, latency_s=latency_s)
-        out.append(replace(t, segment=s, segments=len(segments), contiguity_failure=True, detail=whole.detail))
+        calls_of_spans = tuple(segment[: len(t.sampled_spans)])  # a segment cut at its budget keeps its first calls
+        out.append(
+            replace(
+                t,
+                segment=s,
+                segments=len(segments),
+                contiguity_failure=True,
+                detail=whole.detail,
+                call_indices=calls_of_spans,
+            )
+        )
     return tuple(out)

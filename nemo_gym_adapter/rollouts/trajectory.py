@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -26,6 +26,10 @@ from nemo_gym_adapter.errors import AdapterConfigError
 
 ContiguityPolicy = Literal["mask", "truncate", "split", "raise"]
 CONTIGUITY_POLICIES = ("mask", "truncate", "split", "raise")
+# What a trajectory's trained tokens are: the model's own (generated: the ids it generated, in the contexts it saw) or,
+# to measure what trainers without exact token ids do, the re-templated conversation (rollouts.retemplate).
+TrainTokens = Literal["generated", "measure_retemplated"]
+TRAIN_TOKENS = ("generated", "measure_retemplated")
 VerifierErrorPolicy = Literal["mask", "reward0"]
 DEFAULT_KEY = "_default"  # Gym's own spelling for "every other agent" (rollout_collection agent_map, num_repeats)
 
@@ -92,6 +96,10 @@ class TrajectoryConfig:
     # Gym result masks the row invalid_result (rollouts.builder). None: only negative ids are refused.
     vocab_size: int | None = None
     key_prefix: str = "trajectory"
+    # "measure_retemplated" (a measurement mode, never a default): every rollout trained as its re-templated
+    # conversation (rollouts.retemplate), rendered by ``renderer`` (the trainer's tokenizer: retemplate.ChatRenderer).
+    train_tokens: TrainTokens = "generated"
+    renderer: Any = field(default=None, compare=False, repr=False)
 
     def verifier_error_policy(self, env_name: str) -> VerifierErrorPolicy:
         """What a verifier error of ``env_name`` becomes: its own entry, else ``_default``'s, else ``mask``."""
@@ -117,6 +125,10 @@ class TrajectoryConfig:
             bad.append(f"max_model_len={self.max_model_len!r} (must be >= 2 or null)")
         if self.contiguity not in CONTIGUITY_POLICIES:
             bad.append(f"contiguity={self.contiguity!r} (must be one of {', '.join(CONTIGUITY_POLICIES)})")
+        if self.train_tokens not in TRAIN_TOKENS:
+            bad.append(f"train_tokens={self.train_tokens!r} (must be one of {', '.join(TRAIN_TOKENS)})")
+        elif self.train_tokens == "measure_retemplated" and self.renderer is None:
+            bad.append("train_tokens='measure_retemplated' needs the trainer's tokenizer to render with (renderer)")
         if self.vocab_size is not None and self.vocab_size < 1:
             bad.append(f"vocab_size={self.vocab_size!r} (must be >= 1 or null)")
         if self.forced_token_min_logprob is not None and not self.forced_token_min_logprob <= 0:
@@ -158,6 +170,12 @@ class Trajectory:
     segments: int = 1  # ... and how many the rollout has (1: its calls form one history)
     numeric: Mapping[str, float] = field(default_factory=dict)  # the result's numeric fields (numeric_fields)
     forced: np.ndarray | None = None  # over the sampled tokens: left out of the loss (rollouts.forced); None: none
+    # Over the sampled (trained) tokens: a token the model never generated (train_tokens=measure_retemplated, where the
+    # template re-rendered what it wrote: rollouts.retemplate); None: every trained token was generated.
+    never_generated: np.ndarray | None = None
+    # The rollout's model call each sampled span is (0-based); empty: span k is call k (a segment of a split rollout,
+    # or a re-templated one whose later spans did not fit, says which calls its spans are).
+    call_indices: tuple[int, ...] = ()
 
     @property
     def num_forced(self) -> int:
@@ -170,6 +188,23 @@ class Trajectory:
     @property
     def num_generated(self) -> int:
         return sum(end - start for start, end in self.sampled_spans)
+
+    @property
+    def num_never_generated(self) -> int:
+        return 0 if self.never_generated is None else int(self.never_generated.sum())
+
+    def token_turns(self) -> np.ndarray:
+        """Dense over ``response_ids`` (int64): k + 1 on the sampled tokens of model call k, -(k + 1) on those of them
+        the model never generated (:attr:`never_generated`), 0 elsewhere. What splits the rollout-vs-trainer log-prob
+        gap into first and later turns (``onpolicy/first_turn/*``, ``onpolicy/later_turns/*``)."""
+        turns = np.zeros(len(self.response_ids), dtype=np.int64)
+        calls = self.call_indices or tuple(range(len(self.sampled_spans)))
+        for (start, end), call in zip(self.sampled_spans, calls, strict=True):
+            turns[start:end] = call + 1
+        if self.never_generated is not None and self.never_generated.any():
+            positions = np.concatenate([np.arange(s, e) for s, e in self.sampled_spans])
+            turns[positions[self.never_generated]] *= -1
+        return turns
 
     def response_mask(self) -> np.ndarray:
         """Dense 0/1 mask over ``response_ids`` (built per span, for inspection and tests)."""

@@ -12,6 +12,7 @@ from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
 from nemo_gym_adapter.gym.liveness import LivenessConfig
 from nemo_gym_adapter.rollouts.client import RolloutClientConfig
+from nemo_gym_adapter.rollouts.retemplate import HFChatRenderer
 from nemo_gym_adapter.rollouts.trajectory import TrajectoryConfig
 from recipe.nemo_gym.config.load import RecipeConfig
 
@@ -53,10 +54,13 @@ def gym_launch_spec(
 
 
 def trajectory_config(
-    recipe: RecipeConfig, max_model_len: int | None, vocab_size: int | None = None
+    recipe: RecipeConfig, max_model_len: int | None, vocab_size: int | None = None, tokenizer: Any = None
 ) -> TrajectoryConfig:
     """Trajectory lengths and masking policy from the trainer's rollout lengths and ``nemo_gym.trajectory``;
-    ``vocab_size``: the model's embedding rows (ids outside are masked)."""
+    ``vocab_size``: the model's embedding rows (ids outside are masked); ``tokenizer``: the trainer's, which renders
+    the conversation under ``train_tokens: measure_retemplated``."""
+    train_tokens = recipe.gym.trajectory.train_tokens
+    renderer = HFChatRenderer(tokenizer) if train_tokens == "measure_retemplated" else None
     return TrajectoryConfig(
         prompt_length=recipe.prompt_length,
         response_length=recipe.response_length,
@@ -68,6 +72,8 @@ def trajectory_config(
         required_components=recipe.required_reward_components,
         vocab_size=vocab_size,
         key_prefix="nemo_gym.trajectory",
+        train_tokens=train_tokens,
+        renderer=renderer,
     )
 
 

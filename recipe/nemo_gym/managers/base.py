@@ -155,7 +155,10 @@ class GymManagerBase:
             self.on_shutdown("rollout dump", self.dump.close)  # after the rollouts in flight (registered later)
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
-        routes, trajectory = self.gym.routes(), trajectory_config(self.recipe, self.max_model_len, vocab_size)
+        routes, trajectory = (
+            self.gym.routes(),
+            trajectory_config(self.recipe, self.max_model_len, vocab_size, tokenizer),
+        )
         trajectory.check_envs(routes.agents)
         self.core = RolloutCore(
             routes,

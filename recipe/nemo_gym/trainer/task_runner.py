@@ -11,7 +11,7 @@ TaskRunner actor). Compared with ``verl.trainer.main_ppo_v0.TaskRunner``:
    process group; see PLATFORM_NOTES.md). On GPU verl's own worker is used unchanged.
 3. The trainer is :class:`NemoGymPPOTrainer`: verl's ``RayPPOTrainer`` plus the logprob gap between the rollout
    (vLLM, as returned by Gym) and the actor's recomputation, logged every step as ``onpolicy/*`` (see
-   :func:`logprob_gap_metrics`); and the rollout manager is shut down (Gym stopped) when training ends or fails.
+   :mod:`recipe.nemo_gym.algorithms.onpolicy_gap`: overall, per environment, first vs later turns); and the rollout manager is shut down (Gym stopped) when training ends or fails.
 4. The rollout metrics reach verl's logger under their plain names (``gym/<env>/reward_mean``, ...): the legacy
    trainer logs only ``meta_info["timing"]`` of a rollout manager (as ``timing_s/...``), but it merges the rest of
    that ``meta_info`` into the batch it hands to ``_update_actor``, whose returned ``metrics`` it logs; the trainer
@@ -40,7 +40,6 @@ import socket
 from typing import Any
 
 import ray
-import torch
 from omegaconf import OmegaConf
 from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -49,64 +48,14 @@ import recipe.nemo_gym.algorithms.masked_grpo  # noqa: F401  (registers masked_g
 from nemo_gym_adapter.data.env_sampling import EnvWeightedSampler
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
-from nemo_gym_adapter.rollouts.metrics import scope_name
 from recipe.nemo_gym.algorithms import logprob_guard, masked_estimators, rollout_correction
+from recipe.nemo_gym.algorithms.onpolicy_gap import logprob_gap_by_env
 from recipe.nemo_gym.config.load import load_config
 from recipe.nemo_gym.managers.legacy import GYM_METRICS_KEY
 from recipe.nemo_gym.servers.engines import check_engine_available
 from recipe.nemo_gym.trainer import storage
 
 logger = logging.getLogger(__name__)
-
-
-def logprob_gap_metrics(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, prefix: str = "onpolicy"
-) -> dict[str, float]:
-    """Rollout-vs-trainer logprob gap over the sampled tokens (``response_mask == 1``); all inputs ``(B, R)``.
-
-    * ``logprob_abs_diff_mean`` / ``_max``: |log π_rollout − log π_train| per token;
-    * ``kl_k3``: E_rollout[r − log r − 1] with r = π_train / π_rollout, the K3 estimate of KL(π_rollout ‖ π_train)
-      (NeMo RL's ``gen_kl_error`` is this quantity);
-    * ``kl_k1``: E_rollout[log π_rollout − log π_train];
-    * ``num_tokens``: how many tokens these are. NaN metrics (and 0 tokens) when the batch has none.
-    """
-    mask = response_mask.bool()
-    n = int(mask.sum().item())
-    if n == 0:
-        nan = float("nan")
-        return {f"{prefix}/{k}": nan for k in ("logprob_abs_diff_mean", "logprob_abs_diff_max", "kl_k3", "kl_k1")} | {
-            f"{prefix}/num_tokens": 0.0
-        }
-    delta = (old_log_probs.float() - rollout_log_probs.float())[mask]  # log r
-    return {
-        f"{prefix}/logprob_abs_diff_mean": delta.abs().mean().item(),
-        f"{prefix}/logprob_abs_diff_max": delta.abs().max().item(),
-        f"{prefix}/kl_k3": (torch.exp(delta) - delta - 1).mean().item(),
-        f"{prefix}/kl_k1": (-delta).mean().item(),
-        f"{prefix}/num_tokens": float(n),
-    }
-
-
-def logprob_gap_by_env(
-    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor, envs: Any = None
-) -> dict[str, float]:
-    """:func:`logprob_gap_metrics` over the batch (``onpolicy/*``) and, when the batch mixes environments (``envs``:
-    each row's ``gym_env``), per environment as ``onpolicy/<env>/*``: one environment's constrained decoding (a
-    grammar renormalises vLLM's log-probs) must not hide another's gap."""
-    out = logprob_gap_metrics(old_log_probs, rollout_log_probs, response_mask)
-    names = [str(e) for e in envs] if envs is not None else []
-    if len(set(names)) > 1:
-        for env in sorted(set(names)):
-            rows = torch.tensor([n == env for n in names], dtype=torch.bool)
-            out.update(
-                logprob_gap_metrics(
-                    old_log_probs[rows],
-                    rollout_log_probs[rows],
-                    response_mask[rows],
-                    prefix=f"onpolicy/{scope_name(env)}",
-                )
-            )
-    return out
 
 
 class NemoGymPPOTrainer(RayPPOTrainer):
@@ -140,6 +89,7 @@ class NemoGymPPOTrainer(RayPPOTrainer):
                     batch.batch["rollout_log_probs"],
                     batch.batch["response_mask"],
                     batch.non_tensor_batch.get("gym_env"),
+                    batch.batch["token_turns"] if "token_turns" in batch.batch else None,
                 )
             rollout, mask = batch.batch["rollout_log_probs"], batch.batch["response_mask"]
             gap.update(logprob_guard.finish_step(self, self.global_steps, old, rollout, mask))  # sync: all fresh

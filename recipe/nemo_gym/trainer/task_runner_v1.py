@@ -11,7 +11,7 @@ reward_loop_worker_handles=)`` → ``fit`` → ``tq.close``), with these differe
 2. The trainer is verl's registered class for the mode (``get_trainer_cls``: ``sync``, ``colocate_async``,
    ``separate_async``) with :class:`NemoGymTrainerMixin` in front (:func:`nemo_gym_trainer_cls`):
    - on CPU (``trainer.device=cpu``) the actor role runs ``cpu.platform.CpuActorRolloutRefWorker`` (gloo);
-   - ``onpolicy/*`` (rollout-vs-actor logprob gap, :func:`recipe.nemo_gym.trainer.task_runner.logprob_gap_metrics`) after
+   - ``onpolicy/*`` (rollout-vs-actor logprob gap, :mod:`recipe.nemo_gym.algorithms.onpolicy_gap`, first and later turns apart) after
      verl computed ``old_log_probs``, or the rollout's as those where :mod:`recipe.nemo_gym.algorithms.logprob_guard` trusts them;
    - the rollout manager's metrics (``drain_metrics``: ``gym/...``) go into each step's metric dict under their own
      names: verl's v1 trainer has no channel for rollout-manager metrics (verl PR #7255, open);
@@ -63,6 +63,7 @@ from recipe.nemo_gym.algorithms import (  # masked_grpo registers verl's masked_
     masked_grpo,
     rollout_correction,
 )
+from recipe.nemo_gym.algorithms.onpolicy_gap import logprob_gap_by_env
 from recipe.nemo_gym.config.load import load_config
 from recipe.nemo_gym.servers.engines import check_engine_available
 from recipe.nemo_gym.trainer import storage
@@ -71,7 +72,7 @@ from recipe.nemo_gym.trainer.async_modes import (
     quiet_separate_async_info_log,
     warn_unguarded_aborts,
 )
-from recipe.nemo_gym.trainer.task_runner import env_weighted_sampler, logprob_gap_metrics
+from recipe.nemo_gym.trainer.task_runner import env_weighted_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ class NemoGymTrainerMixin:
         old = None if trusted else padded["old_log_probs"]  # a trusted step's are the rollout's own
         rollout, mask = padded["rollout_log_probs"], padded["response_mask"]
         if old is not None:
-            metrics.update(logprob_gap_metrics(old, rollout, mask))
+            metrics.update(logprob_gap_by_env(old, rollout, mask, token_turns=_token_turns(tq, batch)))
         metrics.update(logprob_guard.finish_step(self, self.global_steps, old, rollout, mask, fresh))
         # The groups this step learns from: with verl's group filter on, none without signal (rollouts.groups).
         uids = [key.split("_")[0] for key in batch.keys]
@@ -208,6 +209,17 @@ class NemoGymTrainerMixin:
         if drain is not None:
             metrics.update(drain())
         return out
+
+
+def _token_turns(tq: Any, batch: Any) -> Any:
+    """Each sample's ``token_turns`` (which model call each trained token is: ``rollouts.samples``), padded like
+    the batch's other fields; None for samples put without them (the gap is then not split by turn)."""
+    try:
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["token_turns"])
+        return data.to_padded_tensor()["token_turns"]
+    except Exception as e:
+        logger.debug("no token_turns this step: %r", e)
+        return None
 
 
 DEFAULT_POLL_INTERVAL_S = 0.1

@@ -233,8 +233,8 @@ def test_the_replica_answers_only_the_runs_key_on_every_route(stack):
 def test_generate_sequences_feeds_verl_grpo_and_the_fsdp2_actor(stack):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage
 
+    from recipe.nemo_gym.algorithms.onpolicy_gap import logprob_gap_metrics
     from recipe.nemo_gym.managers.legacy import GYM_METRICS_KEY
-    from recipe.nemo_gym.trainer.task_runner import logprob_gap_metrics
 
     cfg, actor_wg, _, manager = stack
     batch, gen_batch = _gen_batch(cfg)

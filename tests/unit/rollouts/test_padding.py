@@ -34,18 +34,20 @@ from tests.support.gym_results import (
 
 def reference_pad(trajs: list[Trajectory], P: int, R: int, pad: int) -> dict[str, torch.Tensor]:
     """Independent, deliberately slow per-token implementation of verl's legacy batch layout."""
-    out = {k: [] for k in ("prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores")}
+    out = {k: [] for k in ("prompts", "responses", "response_mask", "rollout_log_probs", "rm_scores", "token_turns")}
     out.update(attention_mask=[], position_ids=[], input_ids=[])
     for t in trajs:
         prompt = t.prompt_ids.tolist() or [pad]
         resp = t.response_ids.tolist() or [pad]
         mask = [0] * len(resp)
         lps = [0.0] * len(resp)
+        turns = [0] * len(resp)
         lp_iter = iter(t.sampled_logprobs.tolist())
-        for start, end in t.sampled_spans:
+        for k, (start, end) in enumerate(t.sampled_spans):
             for j in range(start, end):
                 mask[j] = 1
                 lps[j] = next(lp_iter)
+                turns[j] = (t.call_indices[k] if t.call_indices else k) + 1
         prow = [pad] * (P - len(prompt)) + prompt
         rrow = resp + [pad] * (R - len(resp))
         att = [0] * (P - len(prompt)) + [1] * len(prompt) + [1] * len(resp) + [0] * (R - len(resp))
@@ -60,6 +62,7 @@ def reference_pad(trajs: list[Trajectory], P: int, R: int, pad: int) -> dict[str
         out["response_mask"].append(mask + [0] * (R - len(resp)))
         out["rollout_log_probs"].append(lps + [0.0] * (R - len(resp)))
         out["rm_scores"].append(scores)
+        out["token_turns"].append(turns + [0] * (R - len(resp)))
         out["attention_mask"].append(att)
         out["position_ids"].append(pos)
         out["input_ids"].append(prow + rrow)
