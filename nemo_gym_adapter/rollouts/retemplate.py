@@ -253,13 +253,17 @@ def retemplated_trajectory(
     lps: list[np.ndarray] = []
     never: list[np.ndarray] = []
     call_ids: list[int] = []
+    cut = False
     for k, (c0, c1) in enumerate(chars):
         inside = np.flatnonzero((starts >= c0) & (ends <= c1) & (ends > starts))
         if inside.size == 0:
             continue
         s, e = int(inside[0]) - n_prompt, int(inside[-1]) + 1 - n_prompt
-        if e > budget:
-            break
+        if e > budget:  # cut at the end of the last span that fits, or inside the first (as build_trajectory does)
+            cut = True
+            if spans or s >= budget:
+                break
+            e = budget
         call = calls[k][1]
         lp, nv = align(ids[s + n_prompt : e + n_prompt], call.generation_token_ids, call.generation_log_probs)
         spans.append((s, e))
@@ -283,6 +287,6 @@ def retemplated_trajectory(
         call_indices=tuple(call_ids),
         forced=None,
         detail="",  # the exact history's break (build_trajectory's) is not this sample's
-        truncated=len(spans) < len(chars),
+        truncated=cut,
         num_turns=len(spans),
     )

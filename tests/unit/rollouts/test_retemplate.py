@@ -138,3 +138,15 @@ def test_the_mode_needs_a_renderer_and_refuses_trusted_logprobs_and_split():
     with pytest.raises(AdapterConfigError, match="contiguity=split"):
         parse_section({**base, "trajectory": {"train_tokens": "measure_retemplated", "contiguity": "split"}})
     assert parse_section(base).trajectory.train_tokens == "measure_retemplated"
+
+
+def test_a_first_span_longer_than_the_budget_is_cut_inside_it_as_the_exact_builder_does(renderer):
+    result = parse_run_result(recorded("multi_turn_tool_calls"))
+    whole = retemplated_trajectory(result, env_name="e", config=_config(renderer), renderer=renderer)
+    (s0, e0) = whole.sampled_spans[0]
+    budget = e0 - 3  # not even the first assistant span fits
+    cut = retemplated_trajectory(
+        result, env_name="e", config=replace(_config(renderer), response_length=budget), renderer=renderer
+    )
+    assert not cut.masked and cut.truncated and cut.sampled_spans == ((s0, budget),) and cut.call_indices == (0,)
+    assert len(cut.response_ids) == budget and len(cut.sampled_logprobs) == budget - s0
