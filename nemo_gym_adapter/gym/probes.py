@@ -124,10 +124,15 @@ class HttpProbes:
     replica answers 401 without it); Gym's servers never get it."""
 
     def __init__(
-        self, timeout_s: float, busy_grace_s: float = 0.0, replica_headers: Mapping[str, str] | None = None
+        self,
+        timeout_s: float,
+        busy_grace_s: float = 0.0,
+        replica_headers: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.busy_grace_s = busy_grace_s
+        self.clock = clock  # what the busy grace is counted in (tests inject theirs: no decision on a wall-clock tie)
         self.replica_headers = dict(replica_headers or {})
         self._session: aiohttp.ClientSession | None = None
         self._silent_since: dict[str, float] = {}  # server -> first unanswered probe of its current silence
@@ -160,7 +165,7 @@ class HttpProbes:
         if not await self.accepts(server):
             self._silent_since.pop(server.name, None)
             return f"{why}, connection not accepted"
-        now = time.monotonic()
+        now = self.clock()
         since = self._silent_since.setdefault(server.name, now)
         if since == now:
             logger.warning(

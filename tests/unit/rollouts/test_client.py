@@ -54,9 +54,10 @@ async def test_concurrency_bound_is_respected(fake_server):
 
 
 async def test_time_queued_behind_other_rows_does_not_count_against_the_timeout(fake_server):
-    # 4 rows x 0.3 s through one slot take 1.2 s in all, each well inside its 0.6 s budget.
-    async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast(max_concurrency=1, timeout_s=0.6)) as c:
-        out = await c.run(rows(4, sleep=0.3))
+    # 5 rows x 0.3 s through one slot take 1.5 s in all, each well inside its 0.9 s budget (3x its own time: a margin
+    # that holds with both cores busy; the last rows wait longer than the budget, so counting the queue would fail).
+    async with RolloutClient(routes_for(("agent_a", fake_server.url)), fast(max_concurrency=1, timeout_s=0.9)) as c:
+        out = await c.run(rows(5, sleep=0.3))
     assert all(o.ok for o in out), [o.failure for o in out]
 
 
