@@ -102,8 +102,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
 
 def prepare(args: argparse.Namespace, root: Path, runs: list[Any]) -> dict[str, str]:
     """Every candidate's servers' venvs; ``{env: problem}`` for those a server of which could not be prepared."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import prepare_gym_venvs
+    from nemo_gym_adapter.gym.venv_prep import servers_in_config
 
     report = args.work_dir / "venvs.json"
     cmd = [
@@ -124,7 +123,7 @@ def prepare(args: argparse.Namespace, root: Path, runs: list[Any]) -> dict[str, 
     print(f"  {len(prepared)} servers in {time.monotonic() - t0:.0f} s (log: {args.work_dir / 'venvs.log'})")
     problems = {}
     for r in runs:
-        mine = prepare_gym_venvs.servers_in_config(root / r.config, root)
+        mine = servers_in_config(root / r.config, root)
         bad = [f"{s}: {'; '.join(prepared[s]['problems'])}" for s in mine if prepared.get(s, {}).get("problems")]
         if bad:
             problems[r.env] = "its server cannot be prepared: " + " | ".join(bad)

@@ -6,6 +6,7 @@ not), ``head`` (what a running Gym answers: config, server instances, routes), `
 ``warm_boot`` (a Gym interpreter with its imports done, handed the launch), ``early`` (both of those started before
 verl's workers), ``service`` (Gym as a shared service, ``python -m nemo_gym_adapter.gym.service``), ``liveness`` and
 ``probes`` (dead and silent servers found within seconds), ``addresses`` (multi-host address rules), ``capture``
-(Gym's token-ID capture files), ``catalogue`` (Gym's bundled environments), ``server_venvs`` (each server's venv).
+(Gym's token-ID capture files), ``catalogue`` (Gym's bundled environments), ``server_venvs`` (each server's venv)
+and ``venv_prep`` (those venvs prepared: at set-up, and on first use before a launch).
 Imported by rollouts, collect and the recipe; imports access, data (routing), runtime and the flat modules.
 """

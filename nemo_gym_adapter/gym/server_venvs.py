@@ -21,8 +21,9 @@ documented fallback for older ones), and a full venv per server costs ~1.5 GB an
   ``code_fim``: ``human-eval-infilling`` on PyPI is an empty package).
 
 :func:`base_fingerprint` (the Gym venv's installed distributions) keys what was built, so nothing is decided or built
-twice. Never imports ``nemo_gym``; runs pip through the Gym venv's own interpreter. ``scripts/prepare_gym_venvs.py``
-is the command.
+twice. Never imports ``nemo_gym``; runs pip through the Gym venv's own interpreter.
+:mod:`~nemo_gym_adapter.gym.venv_prep` prepares the servers with these (``scripts/prepare_gym_venvs.py`` at set-up,
+and any other server on first use, before a launch).
 """
 
 from __future__ import annotations
@@ -168,6 +169,60 @@ def make_overlay(venv: Path, base: Path) -> None:
     interpreter = os.path.realpath(venv_python(base))
     subprocess.run([interpreter, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     (site_packages(venv) / OVERLAY_PTH).write_text(f"{site_packages(base)}\n")
+
+
+# Run inside a venv: which requirement strings are not met there (json in, json out).
+_CHECK_SNIPPET = r"""
+import json, sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a venv without packaging still has pip's copy
+    from pip._vendor.packaging.requirements import Requirement
+missing = []
+for line in json.load(sys.stdin):
+    try:
+        req = Requirement(line)
+        have = version(req.name)
+    except Exception:
+        missing.append(line)
+        continue
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        missing.append(line)
+print(json.dumps(missing))
+"""
+
+
+def unmet(python: Path, reqs: list[str]) -> list[str]:
+    """The requirement lines ``python``'s environment does not meet."""
+    proc = subprocess.run(
+        [str(python), "-c", _CHECK_SNIPPET], input=json.dumps(reqs), capture_output=True, text=True, check=True
+    )
+    return json.loads(proc.stdout)
+
+
+def server_key(reqs: list[str], overrides: list[str]) -> str:
+    return hashlib.sha256(json.dumps([reqs, overrides]).encode()).hexdigest()[:16]
+
+
+def link_venv(link: Path, target: Path, dry_run: bool) -> str:
+    """Point ``link`` at ``target`` (replacing an overlay we built there); return what was done."""
+    if link.is_symlink():
+        if Path(os.readlink(link)) == target:
+            return "ok"
+        if not dry_run:
+            link.unlink()
+            link.symlink_to(target, target_is_directory=True)
+        return "relinked"
+    if link.exists():
+        if not (link / "lib").exists() or not list(link.glob(f"lib/python3*/site-packages/{OVERLAY_PTH}")):
+            return "kept (a venv someone else built is there; remove it to use ours)"
+        if not dry_run:
+            shutil.rmtree(link)
+    if not dry_run:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target, target_is_directory=True)
+    return "linked"
 
 
 # ------------------------------------------------------------------------------------------------ import check

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from nemo_gym_adapter.access import gym_guard
 from nemo_gym_adapter.errors import AdapterConfigError, GymServerError
-from nemo_gym_adapter.gym import readiness
+from nemo_gym_adapter.gym import readiness, venv_prep
 from nemo_gym_adapter.gym.head import GymHead, GymServerInstance, http_get
 from nemo_gym_adapter.gym.launch import (
     TRAINING_MODEL_CONFIG,
@@ -133,6 +134,10 @@ class GymServers(GymHead):
         python = spec.gym_venv / "bin" / "python"
         if not python.exists():
             raise AdapterConfigError(f"gym.gym_venv: {python} missing; run scripts/setup.sh")
+        files = config_files(spec, config_paths)
+        if spec.server_venvs_dir is not None:  # a server not prepared at set-up is prepared now, never by Gym's uv
+            roots = tuple(Path(r) for r in spec.env.get("NEMO_GYM_EXTRA_ROOTS", "").split(os.pathsep) if r)
+            venv_prep.ensure(files, spec.gym_venv, spec.server_venvs_dir, roots, spec.config_overrides)
         t0 = time.monotonic()
         if ray_head is not None:
             address = ray_head.wait_ready(spec.startup_timeout_s)
@@ -143,7 +148,7 @@ class GymServers(GymHead):
         run_dir = spec.run_dir or paths.logs_dir() / "gym" / f"{time.strftime('%Y%m%d-%H%M%S')}-{head_port}"
         run_dir.mkdir(parents=True, exist_ok=True)
         launch_yaml = run_dir / "ngv_launch.yaml"
-        cfg = launch_config(spec, head_port, run_dir, config_files(spec, config_paths))
+        cfg = launch_config(spec, head_port, run_dir, files)
         launch_yaml.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
         cmd, env = launch_command(spec, config_paths, launch_yaml), launch_env(spec)
         if spec.access_key is not None:  # our reads of Gym (readiness included) send it from now on

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym_adapter.errors import SetupError
 from nemo_gym_adapter.gym import server_venvs as sv
+from nemo_gym_adapter.gym import venv_prep
 from nemo_gym_adapter.runtime import paths
 
 pytestmark = pytest.mark.integration
@@ -121,3 +123,29 @@ def test_servers_share_only_what_changes_nothing_and_an_empty_requirement_is_nam
     # Second run: the three good servers are cached (no pip at all); the bad one is decided and checked again.
     status, again = _prepare(base, venvs, report)
     assert status == 1 and again.count("[cached]") == 3 and "overlay in" not in again, again
+
+
+def test_a_launch_prepares_its_servers_on_first_use_and_names_what_it_cannot(gym_like, tmp_path):
+    """``venv_prep.ensure`` (what ``GymServers.start`` calls before Gym starts): the servers a config names are
+    prepared once, then found ready with no pip at all; a requirement no index offers (offline, nothing cached) stops
+    the launch naming the server, the requirement and the command that prepares it -- never Gym's own ``uv`` path."""
+    base, root = gym_like
+    venvs = tmp_path / "venvs"
+    cfg = tmp_path / "env.yaml"
+    cfg.write_text(
+        "adds:\n  resources_servers:\n    adds_new:\n      entrypoint: app.py\n"
+        "plain:\n  resources_servers:\n    plain:\n      entrypoint: app.py\n"
+    )
+    first = venv_prep.ensure([cfg], base, venvs)
+    assert first == ["resources_servers/adds_new", "resources_servers/plain"]  # legacy_agent: not in this Gym
+    assert _version(venvs / "resources_servers/adds_new/.venv", "ngvtest_new").strip() == "1.0"
+    assert venv_prep.ensure([cfg], base, venvs) == []  # ready: nothing decided, nothing built
+    _server(root, "needs_absent", ["ngvtest-absent>=1"], ["ngvtest_absent"])
+    cfg.write_text("absent:\n  resources_servers:\n    needs_absent:\n      entrypoint: app.py\n")
+    with pytest.raises(SetupError) as e:
+        venv_prep.ensure([cfg], base, venvs)
+    msg = str(e.value)
+    assert "resources_servers/needs_absent: needs ngvtest-absent>=1 beyond the Gym venv" in msg, msg
+    assert "scripts/prepare_gym_venvs.py --no-defaults --server resources_servers/needs_absent" in msg, msg
+    assert f"--venvs-dir {venvs}" in msg, msg
+    assert venv_prep.unprepared({"resources_servers/needs_absent": {"app.py"}}, base, venvs, ()) != []  # not cached
