@@ -41,7 +41,7 @@ def test_collect_prepares_stock_environments_on_a_fresh_venvs_dir(tmp_path):
     assert "uv: command not found" not in proc.stderr
     assert "servers prepared in" in proc.stderr  # on first use, said so
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sorted(r["env"] for r in records) == sorted(ENVS), records
+    assert sorted(r["env"] for r in records) == [f"{env}_simple_agent" for env in ENVS], records
     # Every rollout came back from its environment (the tiny random model scores 0; a crashed server answers nothing).
     assert all(r["reward"] is not None for r in records), [(r["env"], r["masked_reason"]) for r in records]
     state = json.loads((venvs / ".ngv-venvs.json").read_text())["servers"]
