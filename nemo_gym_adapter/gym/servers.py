@@ -191,12 +191,19 @@ class GymServers(GymHead):
             raise GymServerError(f"Gym at {self.head_url}: every vLLM replica is down ({list(drop_replicas)})")
         self.restarts += 1
         run_dir = (self.run_dir or paths.logs_dir() / "gym") / f"restart{self.restarts}"
-        self.stop()
-        head = self.ray_head
-        if head is not None and not head.alive():
-            logger.warning("Gym's Ray head %s is gone (log %s); starting a new one", head.address, head.log_path)
-            head.restart()
-        new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}), ray_head=head)
+        # The old record stays until the new launch has written its own: the run dir is never without one, so its
+        # watchdog (runtime.reaper) does not take the restart for the Gym's end.
+        old_record, self._record = self._record, None
+        try:
+            self.stop()
+            head = self.ray_head
+            if head is not None and not head.alive():
+                logger.warning("Gym's Ray head %s is gone (log %s); starting a new one", head.address, head.log_path)
+                head.restart()
+            new = GymServers.start(spec.model_copy(update={"policy_base_url": keep, "run_dir": run_dir}), ray_head=head)
+        finally:
+            if old_record is not None:
+                old_record.unlink(missing_ok=True)
         # run_dir stays the first one (pid file, sweep); the new launcher logs under restart<n>/.
         self._launcher, self.spec, self._config, self._record = new._launcher, new.spec, None, new._record
         self.head_url, self.startup_seconds = new.head_url, new.startup_seconds

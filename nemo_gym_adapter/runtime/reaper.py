@@ -17,8 +17,14 @@ Three pieces, none matching processes by name:
    which forks and exits at once, so the watchdog is re-parented to init -- out of reach of Ray's child killing and
    of the owner's own death. It polls the owner (pid + start time, once a second; no pipe: a fork of the owner would
    hold its write end open) and, once the owner is gone, sweeps every record under the run dir
-   (:func:`sweep_run_dir`), logs to ``<run_dir>/reaper.log`` and exits. After a clean shutdown the records are gone
-   and it sweeps nothing. Cost: one small Python process (~25 MB) per trainer.
+   (:func:`sweep_run_dir`), logs to ``<run_dir>/reaper.log`` and exits. It exits with its Gym too: once the run dir
+   has held a record and then held none for :data:`GRACE_S` (whoever stops what a record names removes the record,
+   so no record left is no Gym left), it drops its registration and exits, within a few seconds of the Gym's stop --
+   not at the end of the owner, which may be a process that outlives its Gym by hours (a test session, a notebook,
+   a TaskRunner after a failed start). A Gym restart never leaves the run dir without a record for that long
+   (``GymServers.restart`` removes the old record once the new launch has written its own). :func:`start_watchdog`
+   starts a new watchdog for a run dir whose earlier one has exited. Cost: one small Python process (~25 MB) per
+   trainer, while its Gym runs.
 3. **The next launch's sweep** (:func:`sweep_orphans`), for a watchdog killed too (a whole-job kill): each watchdog
    registers its owner and run dirs in a node-local directory (``paths.node_state_dir()/owners``); the driver sweeps,
    before it starts anything, the run dirs of every registered owner that no longer runs, and leaves a live one's
@@ -27,6 +33,7 @@ Three pieces, none matching processes by name:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -45,8 +52,10 @@ logger = logging.getLogger(__name__)
 RECORD_GLOB = "*.pid"  # every pid record under a run dir (gym.pid, gym_ray.pid, gym_warm.pid, port_retry*/...)
 LOG_NAME = "reaper.log"
 POLL_S = 1.0
+GRACE_S = 2.0  # a run dir without a record for this long (after it held one): its Gym is stopped, the watchdog exits
 START_TOLERANCE_S = 0.05  # psutil's create_time is jiffies since boot: the same process reads the same value
-_STARTED: set[tuple[int, Path]] = set()  # (owner, run dir) watched by a watchdog this process started
+# (owner, run dir) -> (pid, start time) of the watchdog this process started for it
+_STARTED: dict[tuple[int, Path], tuple[int, float]] = {}
 _LOCK = threading.Lock()
 
 
@@ -142,28 +151,40 @@ def sweep_run_dir(run_dir: Path, what: str = "Gym") -> list[int]:
 
 def start_watchdog(run_dir: Path, owner_pid: int | None = None) -> None:
     """Have a watchdog sweep ``run_dir``'s records once this process (``owner_pid``) is gone, and register both in
-    the node's state directory for :func:`sweep_orphans`. Once per (owner, run dir) and process; returns at once."""
+    the node's state directory for :func:`sweep_orphans`. One live watchdog per (owner, run dir) and process: a call
+    while the one started earlier still runs does nothing; after it exited with its Gym (module docstring), a new
+    one starts. Returns at once."""
     owner = owner_pid or os.getpid()
     run_dir = run_dir.resolve()
     with _LOCK:
-        if (owner, run_dir) in _STARTED:
+        earlier = _STARTED.get((owner, run_dir))
+        if earlier is not None and owner_alive(*earlier):
             return
-        _STARTED.add((owner, run_dir))
-    created = start_time(owner)
-    if created is None:
-        raise ValueError(f"watchdog for {run_dir}: owner pid {owner} does not run")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _register(owner, created, run_dir)
-    env = dict(os.environ)
-    repo = str(paths.REPO_ROOT)  # this package importable from anywhere
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [repo, env.get("PYTHONPATH")] if p)
-    cmd = [sys.executable, "-m", "nemo_gym_adapter.runtime.reaper", str(owner), repr(created), str(run_dir)]
-    with open(run_dir / LOG_NAME, "ab") as log:
-        # The child forks the watchdog and exits at once (waited for here): the watchdog's parent is then init.
-        subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True, check=True
-        )
-    logger.info("watchdog for pid %d started: it stops what %s records once that process is gone", owner, run_dir)
+        created = start_time(owner)
+        if created is None:
+            raise ValueError(f"watchdog for {run_dir}: owner pid {owner} does not run")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _register(owner, created, run_dir)
+        env = dict(os.environ)
+        repo = str(paths.REPO_ROOT)  # this package importable from anywhere
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [repo, env.get("PYTHONPATH")] if p)
+        # Records there already (the usual case: asked for right after recording a Gym): the watchdog counts them as
+        # seen, so a stop before its first look still ends it.
+        recorded = "recorded" if has_records(run_dir) else "empty"
+        cmd = [sys.executable, "-m", "nemo_gym_adapter.runtime.reaper", str(owner), repr(created), str(run_dir)]
+        cmd += [recorded, repr(POLL_S), repr(GRACE_S)]
+        with open(run_dir / LOG_NAME, "ab") as log:
+            # The child forks the watchdog, prints its pid and exits at once (waited for here): the watchdog's parent
+            # is then init. The watchdog's own output goes to the log (it lets go of the pipe before anything else).
+            done = subprocess.run(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True,
+                check=True,
+            )  # fmt: skip
+        pid = int(done.stdout.split()[-1])
+        _STARTED[(owner, run_dir)] = (pid, start_time(pid) or 0.0)
+    logger.info(
+        "watchdog %d for pid %d started: it stops what %s records once that process is gone", pid, owner, run_dir
+    )
 
 
 def owner_alive(pid: int, created: float) -> bool:
@@ -177,23 +198,57 @@ def owner_alive(pid: int, created: float) -> bool:
         return False
 
 
-def watch(owner: int, created: float, run_dir: Path, poll_s: float = POLL_S) -> list[int]:
-    """Block until the owner is gone, then sweep ``run_dir`` and drop the owner's registration; the pids stopped."""
+def has_records(run_dir: Path) -> bool:
+    """Does ``run_dir`` (its retry and restart subdirectories too) hold a pid record?"""
+    return run_dir.is_dir() and next(run_dir.rglob(RECORD_GLOB), None) is not None
+
+
+def watch(
+    owner: int,
+    created: float,
+    run_dir: Path,
+    poll_s: float = POLL_S,
+    grace_s: float = GRACE_S,
+    seen: bool = False,
+) -> list[int] | None:
+    """Block until the owner is gone, then sweep ``run_dir`` and drop the registration: the pids stopped. Or, once
+    ``run_dir`` held a record (``seen``: it did when the watchdog was asked for) and then none for ``grace_s`` (its
+    Gym was stopped), drop the registration: None."""
+    empty_since = 0.0
     while owner_alive(owner, created):
+        if has_records(run_dir):
+            seen, empty_since = True, 0.0
+        elif seen:
+            empty_since = empty_since or time.monotonic()
+            if time.monotonic() - empty_since >= grace_s:
+                _entry(owner, created, run_dir).unlink(missing_ok=True)
+                print(
+                    f"{time.strftime('%H:%M:%S')} no record left in {run_dir}: its Gym is stopped; exiting", flush=True
+                )
+                return None
         time.sleep(poll_s)
     stopped = sweep_run_dir(run_dir, f"Gym (its trainer, pid {owner}, is gone)")
-    _entry(owner, created).unlink(missing_ok=True)
+    _entry(owner, created, run_dir).unlink(missing_ok=True)
     print(f"{time.strftime('%H:%M:%S')} pid {owner} gone; stopped {len(stopped)} process(es): {stopped}", flush=True)
     return stopped
 
 
 def main(argv: list[str]) -> int:
     owner, created, run_dir = int(argv[0]), float(argv[1]), Path(argv[2])
-    if os.fork() > 0:  # the parent returns to start_watchdog() at once; the watchdog is re-parented to init
+    seen = argv[3:4] == ["recorded"]
+    poll_s, grace_s = (float(argv[4]), float(argv[5])) if len(argv) >= 6 else (POLL_S, GRACE_S)
+    child = os.fork()
+    if child > 0:  # start_watchdog() reads the watchdog's pid and returns; the watchdog is re-parented to init
+        print(child, flush=True)
         os._exit(0)
+    # Let go of start_watchdog()'s pipe at once (it reads until every writer is gone): output to the log from here.
+    log = os.open(run_dir / LOG_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     print(f"{time.strftime('%H:%M:%S')} watchdog {os.getpid()}: watching pid {owner} for {run_dir}", flush=True)
-    watch(owner, created, run_dir)
+    watch(owner, created, run_dir, poll_s, grace_s, seen)
     return 0
 
 
@@ -213,20 +268,18 @@ def _owners_dir() -> Path | None:
     return owners
 
 
-def _entry(owner: int, created: float) -> Path:
-    return paths.node_state_dir() / "owners" / f"{owner}-{created:.3f}.json"
+def _entry(owner: int, created: float, run_dir: Path) -> Path:
+    """One entry per (owner, run dir): each watchdog removes its own, nobody rewrites another's."""
+    digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
+    return paths.node_state_dir() / "owners" / f"{owner}-{created:.3f}-{digest}.json"
 
 
 def _register(owner: int, created: float, run_dir: Path) -> None:
     """The node-local entry naming ``run_dir`` while ``owner`` runs (:func:`sweep_orphans` reads it)."""
     if _owners_dir() is None:
         return
-    entry = _entry(owner, created)
-    try:
-        dirs = set(json.loads(entry.read_text())["run_dirs"]) if entry.exists() else set()
-    except (OSError, ValueError, KeyError):
-        dirs = set()
-    entry.write_text(json.dumps({"owner": owner, "created": created, "run_dirs": sorted(dirs | {str(run_dir)})}))
+    entry = _entry(owner, created, run_dir)
+    entry.write_text(json.dumps({"owner": owner, "created": created, "run_dirs": [str(run_dir)]}))
 
 
 def sweep_orphans() -> list[int]:

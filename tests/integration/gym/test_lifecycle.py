@@ -30,6 +30,7 @@ pytestmark = pytest.mark.integration
 
 NO_MODEL_WAIT = {"model_endpoint_readiness_timeout_seconds": 0}
 START_TIMEOUT_S = 400.0  # a shared 2-core machine under load has taken ~100 s for a spin-up that is ~10 s idle
+WATCHDOG_EXIT_S = 15.0  # runtime.reaper: GRACE_S (2 s) after the last record goes, a poll, room for a loaded machine
 
 
 def _dead_url() -> str:
@@ -176,8 +177,8 @@ CHILD = textwrap.dedent(
     from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.gym.warm import WarmLauncher
     spec, mode = GymLaunchSpec.model_validate_json(sys.argv[1]), sys.argv[2]
+    from nemo_gym_adapter.runtime import reaper
     if "--watchdog" in sys.argv:  # as the trainer's task runner does first (gym.early)
-        from nemo_gym_adapter.runtime import reaper
         reaper.start_watchdog(spec.run_dir)
     if mode == "cold":  # Gym starts its own Ray cluster
         gym = GymServers.start(spec)
@@ -194,6 +195,12 @@ CHILD = textwrap.dedent(
             assert gym.warm, warm.log_path
             pids = sorted(gym.pids() | head.pids())
             print(json.dumps({"head_url": gym.head_url, "pids": pids}), flush=True)
+            if "--then-stop" in sys.argv:  # a long-lived owner stops its Gym and lives on (a test session, a notebook)
+                sys.stdin.readline()
+                gym.stop()
+                head.stop()
+                watchdogs = [pid for pid, _ in reaper._STARTED.values()]
+                print(json.dumps({"stopped": True, "watchdogs": watchdogs}), flush=True)
     time.sleep(900)
     """
 )
@@ -286,6 +293,35 @@ def test_a_sigkilled_trainers_gym_ray_head_and_servers_are_stopped_by_its_watchd
         while "gone; stopped" not in (run_dir / "reaper.log").read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert "gone; stopped" in (run_dir / "reaper.log").read_text() and not list(run_dir.rglob("*.pid"))
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_the_watchdog_of_a_gym_stopped_by_a_long_lived_owner_exits_with_it(tmp_path):
+    """The trainer's default start (early Ray head, warm launcher, Gym) with its watchdog, in a process that stops
+    them and lives on: the watchdog exits within a few seconds of the stop instead of living as long as its owner
+    (``runtime.reaper``); the control is the SIGKILL test above, where the same watchdog outlives its owner's Gym
+    only to sweep it."""
+    run_dir = tmp_path / "run"
+    spec = single_tool_call_spec([_dead_url()], "m", run_dir=run_dir, config_overrides=NO_MODEL_WAIT)
+    spec_json = spec.model_dump_json(exclude={"policy_api_key"})
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, spec_json, "warm", "--watchdog", "--then-stop"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        info = json.loads(_readline(child, timeout=START_TIMEOUT_S))
+        assert "raylet" in _cmdlines(info["pids"]) and (run_dir / "gym.pid").exists()
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        stopped = json.loads(_readline(child, timeout=60))
+        t0 = time.monotonic()
+        [watchdog] = stopped["watchdogs"]
+        assert wait_gone([watchdog], WATCHDOG_EXIT_S) == [], "the watchdog outlives its Gym"
+        print(f"watchdog gone {time.monotonic() - t0:.1f}s after its Gym's stop")
+        assert child.poll() is None and not list(run_dir.rglob("*.pid"))
+        assert "its Gym is stopped; exiting" in (run_dir / "reaper.log").read_text()
     finally:
         if child.poll() is None:
             child.kill()

@@ -35,8 +35,20 @@ def test_start_exposes_head_and_teardown_kills_escaped_helpers(fake_gym_venv, tm
     assert alive_pids(pids) == []
 
 
-def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fake_gym_venv, tmp_path):
+def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fake_gym_venv, tmp_path, monkeypatch):
+    from nemo_gym_adapter.gym import servers as gym_servers
+
     spec = fake_spec(fake_gym_venv, tmp_path, policy_base_url=["127.0.0.1:9", "127.0.0.1:10"])
+    records_before_each_write: list[list[str]] = []  # the run dir's records when a launch writes its own
+
+    def spy(path: Path, pids) -> None:
+        records_before_each_write.append(
+            sorted(str(r.relative_to(tmp_path / "run")) for r in (tmp_path / "run").rglob("*.pid"))
+        )
+        real(path, pids)
+
+    real = gym_servers.write_pid_record
+    monkeypatch.setattr(gym_servers, "write_pid_record", spy)
     with GymServers.start(spec) as gym:
         # string consumers get one URL, the policy's model server the replica list (as Gym's config merge does)
         assert gym.global_config()["policy_base_url"] == "http://127.0.0.1:9/v1"
@@ -51,6 +63,12 @@ def test_restart_keeps_the_head_url_drops_dead_replicas_and_stops_the_old_gym(fa
         cfg = gym.global_config()
         assert cfg["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == "http://127.0.0.1:9/v1"
         assert (tmp_path / "run" / "restart1" / "gym.log").exists() and gym.run_dir == tmp_path / "run"
+        # The old record went only once the new launch had written its own: the run dir's watchdog (runtime.reaper)
+        # never sees it without one, and takes no restart for the Gym's end.
+        assert records_before_each_write == [[], ["gym.pid"]]
+        assert sorted(str(r.relative_to(tmp_path / "run")) for r in (tmp_path / "run").rglob("*.pid")) == [
+            "restart1/gym.pid"
+        ]
         with pytest.raises(GymServerError, match="every vLLM replica is down"):
             gym.restart(drop_replicas=["127.0.0.1:9"])
         new = gym.pids()

@@ -73,6 +73,89 @@ def test_a_sigkilled_owners_records_are_swept_by_its_watchdog_which_then_exits(t
             owner.kill()
 
 
+# A long-lived "trainer" driven line by line on stdin: ``start`` a "Gym" (a session leader), record it and ask for its
+# watchdog; ``restart`` (a new Gym and record, the old record removed last, as GymServers.restart does); ``stop`` (the
+# Gym stopped, its record removed, as GymServers.stop does). Answers each command with the Gym's pid and the
+# watchdogs it started; lives on after its Gym is gone.
+LONG_LIVED_OWNER = textwrap.dedent(
+    """
+    import json, subprocess, sys
+    from pathlib import Path
+    from nemo_gym_adapter.runtime import reaper
+    reaper.POLL_S, reaper.GRACE_S = 0.2, 0.6  # the watchdogs it starts look more often (the unit tier's time)
+    run_dir, gym = Path(sys.argv[1]), None
+    for line in sys.stdin:
+        command = line.strip()
+        if command in ("start", "restart"):
+            old = gym
+            gym = subprocess.Popen(["sleep", "300"], start_new_session=True)
+            record = run_dir / ("restart1" if command == "restart" else "") / "gym.pid"
+            record.parent.mkdir(parents=True, exist_ok=True)
+            reaper.write_pid_record(record, [gym.pid])
+            if command == "restart":
+                old.kill(); old.wait()
+                (run_dir / "gym.pid").unlink()
+            reaper.start_watchdog(run_dir)
+        elif command == "stop":
+            gym.kill(); gym.wait()
+            for record in run_dir.rglob("*.pid"):
+                record.unlink()
+        started = [pid for pid, _ in reaper._STARTED.values()]
+        print(json.dumps({"gym": gym.pid, "watchdogs": started}), flush=True)
+    """
+)
+
+
+POLL_S, GRACE_S = 0.2, 0.6  # LONG_LIVED_OWNER's
+EXIT_WITHIN_S = 10.0  # "a few seconds" after its Gym stopped, with room for a loaded machine
+
+
+def _ask(owner: subprocess.Popen, command: str) -> dict:
+    owner.stdin.write(command + "\n")
+    owner.stdin.flush()
+    return json.loads(owner.stdout.readline())
+
+
+def test_the_watchdog_exits_with_its_gym_while_its_owner_lives_on_and_a_new_gym_gets_a_new_one(tmp_path):
+    owner = subprocess.Popen(
+        [sys.executable, "-c", LONG_LIVED_OWNER, str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    registry = Path(os.environ["NGV_STATE_DIR"]) / "owners"
+    try:
+        first = _ask(owner, "start")
+        [watchdog] = first["watchdogs"]
+        assert _watchdogs(tmp_path) == [watchdog] and len(list(registry.glob(f"{owner.pid}-*.json"))) == 1
+        # The control: while the Gym runs the watchdog stays -- also across a restart, whose old record goes only
+        # once the new one is written.
+        restarted = _ask(owner, "restart")
+        assert restarted["watchdogs"] == [watchdog]
+        assert wait_gone([watchdog], GRACE_S + 3 * POLL_S) == [watchdog]
+        # Its Gym stopped: the watchdog goes within a few seconds, while the owner lives on.
+        _ask(owner, "stop")
+        assert wait_gone([watchdog], EXIT_WITHIN_S) == []
+        assert owner.poll() is None and alive_pids([restarted["gym"]]) == []
+        assert "its Gym is stopped" in (tmp_path / "reaper.log").read_text()
+        assert not list(registry.glob(f"{owner.pid}-*.json"))
+        # A new Gym in the same run dir: a new watchdog; stopped before the watchdog's first look, it goes too (the
+        # record it was asked for counts as seen).
+        brief = _ask(owner, "start")
+        [brief_watchdog] = set(brief["watchdogs"]) - {watchdog}
+        _ask(owner, "stop")
+        assert wait_gone([brief_watchdog], EXIT_WITHIN_S) == []
+        # And another, which does its job when the owner dies.
+        again = _ask(owner, "start")
+        [new_watchdog] = set(again["watchdogs"]) - {watchdog, brief_watchdog}
+        assert _watchdogs(tmp_path) == [new_watchdog]
+        owner.kill()
+        owner.wait()
+        assert wait_gone([again["gym"], new_watchdog], 15.0) == []
+        assert f"pid {owner.pid} gone; stopped 1 process(es): [{again['gym']}]" in (tmp_path / "reaper.log").read_text()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
 def test_after_a_clean_stop_the_watchdog_sweeps_nothing_and_exits(tmp_path):
     """The owner removed its records when it stopped what they named: nothing to do. A record elsewhere is not its."""
     other = tmp_path / "other"
