@@ -10,9 +10,8 @@
 The policy is a checkpoint (``--model``; default: the demo's tiny model) served here by vLLM with the token-ID patch
 (``vllm.server.start_vllm_server``; ``--vllm-arg`` passes more server flags; ``--tool-parser`` the tool parser, by
 default the model's own: ``ngv_json`` for the converted tool model, ``hermes`` otherwise; ``--no-patch`` serves it with
-stock vLLM, to measure what the patch fixes) on loopback, requiring a key generated for this run (on every route with
-the patch, under ``/v1`` without it; ``nemo_gym_adapter.access``; Gym's model server gets it through its environment),
-or any OpenAI-compatible server (``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is
+stock vLLM's rendering, to measure what the patch fixes) on loopback, or any OpenAI-compatible server
+(``--policy-base-url``; its key, if it needs one, from ``NGV_ROLLOUT_API_KEY``). Gym is
 started here with the bundled environments (``--env NAME``: the config that declares its ``data/example.jsonl`` for an
 agent, as Gym links rows to agents, preferring one that needs nothing from outside -- a key nobody sets, an API, a
 program not installed --, else naming what it needs: ``gym.catalogue``) and/or your configs
@@ -20,6 +19,13 @@ program not installed --, else naming what it needs: ``gym.catalogue``) and/or y
 JSONL files (rows without ``agent_ref``/``task_source`` go to ``--agent``, else to the one ``--env``'s agent) or each
 ``--env``'s bundled examples (routed to the declaring agent), times ``--repeats``; every row is checked before
 anything starts (errors name ``file:line``).
+
+Only this run's own clients get in, as in training (``nemo_gym_adapter.access``, docs/CLUSTER.md): a key generated
+for this invocation is required on every route of the model server started here (Gym's model server gets it through
+its environment) and, in the header ``X-NGV-Run-Key``, by every server of the Gym started here (``access.gym_guard``;
+``--no-gym-guard`` to call Gym's servers yourself), whose Ray is a head of its own (``gym.ray_head``: loopback, a token
+of its own, no dashboard, no metrics exporters). What collect does not start it cannot close, and says so in one line
+on stderr: an attached Gym (``--gym-head-url``) and an external policy server (``--policy-base-url``).
 
 Every row goes through :class:`~nemo_gym_adapter.rollouts.core.RolloutCore`, as in training, so the summary is the
 training metrics (``metrics.compute_metrics``: reward, success and masked rates by reason, turns, tokens, latency)
@@ -88,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="serve --model with stock vLLM, without the token-ID patch (to measure what it fixes)",
     )
     m.add_argument("--policy-base-url", help="use this OpenAI-compatible server (…/v1) instead of serving --model")
+    g.add_argument(
+        "--no-gym-guard",
+        action="store_true",
+        help="the Gym started here answers without this run's key (to call its servers yourself; default: every Gym "
+        "server requires it, X-NGV-Run-Key)",
+    )
     m.add_argument("--model-name", help="served model name (default: what the server lists first)")
     m.add_argument("--temperature", type=float, default=1.0)
     m.add_argument("--top-p", type=float, default=None)
@@ -127,10 +139,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tool-parser and --no-patch are for the --model served here, not a --policy-base-url server")
     if args.model and args.policy_base_url:
         p.error("--model serves a checkpoint here; --policy-base-url uses a running server: give one of them")
-    if args.gym_head_url and (args.envs or args.config_path or args.model or args.policy_base_url):
+    if args.gym_head_url and (args.envs or args.config_path or args.model or args.policy_base_url or args.no_gym_guard):
         p.error(
             "--gym-head-url attaches to a running Gym with its own environments and policy: drop --env, "
-            "--config-path, --model and --policy-base-url"
+            "--config-path, --model, --policy-base-url and --no-gym-guard"
         )
     if args.gym_head_url and not args.data:
         p.error("--gym-head-url needs --data (the bundled examples belong to environments started here)")
@@ -156,37 +168,53 @@ def row_files(args: argparse.Namespace, bundled: Sequence[Any], out_dir: Path) -
     return [(declared_rows(env, out_dir), env.agent) for env in bundled]
 
 
+ATTACHED_NOTE = (
+    "note: --gym-head-url {url}: a Gym collect did not start -- its servers and the model server they call answer "
+    "whoever its owner lets in; collect adds no key to them (docs/CLUSTER.md)"
+)
+EXTERNAL_POLICY_NOTE = (
+    "note: --policy-base-url {url}: a server collect did not start -- it requires a key only if its owner made it; "
+    "collect sends {sends} (docs/CLUSTER.md)"
+)
+
+
 def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]) -> Any:
-    """A Gym started here with --env/--config-path in front of the policy (served here unless --policy-base-url)."""
+    """A Gym started here with --env/--config-path in front of the policy (served here unless --policy-base-url),
+    every server of both requiring this invocation's key (module docstring), on a Ray head of its own."""
     from pydantic import SecretStr
 
     from nemo_gym_adapter.access import key as access_key
     from nemo_gym_adapter.gym.launch import TRAINING_MODEL_CONFIG, GymLaunchSpec
+    from nemo_gym_adapter.gym.ray_head import GymRayHead
     from nemo_gym_adapter.gym.servers import GymServers
     from nemo_gym_adapter.wire.policy import read_model_card
 
     configs = [env.config for env in bundled]
     base_url, name = args.policy_base_url, args.model_name
+    run_key = access_key.generate().value  # only this process and the servers it starts know it
+    # Gym's Ray comes up while vLLM starts (what the recipe's nemo_gym.ray_head: early does)
+    head = GymRayHead.start()
+    stack.callback(head.stop)
     key: SecretStr | None
     if base_url is None:
         from nemo_gym_adapter.demo_models.converter import tool_parser_of
-        from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, STOCK_LAUNCHER, start_vllm_server, tool_args
+        from nemo_gym_adapter.vllm.server import NO_PATCH_FLAG, start_vllm_server, tool_args
 
         model = args.model or _demo_model()
         name = name or Path(model).name
         parser = tool_parser_of(model) if args.tool_parser is None else args.tool_parser
         parser = None if parser == "none" else parser
         patch = "no token-ID patch" if args.no_patch else "token-ID patch"
-        key = access_key.generate().value  # only this process and the Gym it starts know it
+        key = run_key
         print(f"starting vLLM ({patch}, tool parser {parser}) with {model} ...", file=sys.stderr)
-        launcher = STOCK_LAUNCHER if args.no_patch else PATCHED_LAUNCHER
-        server = start_vllm_server(
-            model, name, extra_args=args.vllm_arg, tool_args=tool_args(parser), launcher=launcher, api_key=key
-        )
+        extra = [*args.vllm_arg, *([NO_PATCH_FLAG] if args.no_patch else [])]  # the key on every route either way
+        server = start_vllm_server(model, name, extra_args=extra, tool_args=tool_args(parser), api_key=key)
         base_url = stack.enter_context(server).base_url
     else:
         chosen = access_key.from_env()
         key = chosen.value if chosen is not None else None
+        sends = f"{access_key.ENV} from your environment" if key is not None else f"no key ({access_key.ENV} is unset)"
+        print(EXTERNAL_POLICY_NOTE.format(url=base_url, sends=sends), file=sys.stderr)
     name = name or read_model_card({base_url: "--policy-base-url"}, api_key=key).name
     # A random model that calls a tool would otherwise loop until its context is full.
     agents = [env.agent for env in bundled if env.agent_impl == "simple_agent"]
@@ -196,14 +224,15 @@ def start_gym(args: argparse.Namespace, stack: ExitStack, bundled: Sequence[Any]
         policy_base_url=[base_url],
         policy_model_name=name,
         **({"policy_api_key": key} if key is not None else {}),
+        access_key=None if args.no_gym_guard else run_key,
         config_overrides={agent: max_steps for agent in agents},
         startup_timeout_s=args.startup_timeout,
-        # Own Ray temp dir: a stale /tmp/ray/ray_current_cluster (left by a dead `ray start`) would make Gym's
-        # ray.init() try to join that dead cluster instead of starting its own.
-        env={"RAY_TMPDIR": stack.enter_context(tempfile.TemporaryDirectory(prefix="ngv-ray-"))},
     )
     print(f"starting NeMo Gym ({', '.join(args.envs + args.config_path)}) ...", file=sys.stderr)
-    return stack.enter_context(GymServers.start(spec))
+    gym = stack.enter_context(GymServers.start(spec, ray_head=head))
+    guarded = "every server requires this run's key" if spec.access_key is not None else "unguarded (--no-gym-guard)"
+    print(f"NeMo Gym ready at {gym.head_url} in {gym.startup_seconds or 0:.1f}s ({guarded})", file=sys.stderr)
+    return gym
 
 
 def _demo_model() -> str:
@@ -304,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
             # loaded again once Gym runs, with its task_source map (a cache hit apart from that map).
             for path, default in files:
                 check_gym_jsonl([path], default_agent=default)
-            gym = GymServers.attach(args.gym_head_url) if args.gym_head_url else start_gym(args, stack, bundled)
+            if args.gym_head_url:
+                print(ATTACHED_NOTE.format(url=args.gym_head_url), file=sys.stderr)
+                gym = GymServers.attach(args.gym_head_url)
+            else:
+                gym = start_gym(args, stack, bundled)
             routes = gym.routes()
             setup_s = time.monotonic() - t0
             rows: list[Any] = []

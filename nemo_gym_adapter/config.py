@@ -27,7 +27,8 @@ to each other), and, when it is one of the keys that matter most, a line in the 
       attach_timeout_s: 60
       policy_api_key: EMPTY          # what Gym sends the replicas when access.require_key is false
       access: {require_key: true, local_only: auto,   # the run's rollout key on every replica route; loopback on one host
-               guard_gym: null}  # Gym's servers require the key too (null: whenever they can)
+               guard_gym: null,  # Gym's servers require the key too (null: whenever they can)
+               ray_dashboard: false}  # Ray's dashboard and metrics exporters in the Rays the run starts (access.listen)
       env: {}                        # extra environment for Gym's processes
       patch_vllm: true               # apply the token-ID patch inside every rollout server actor (vLLM or SGLang)
       assistant_edits: keep_ids      # a tokenized assistant message edited while its ids were kept: keep_ids | refuse
@@ -149,6 +150,11 @@ class AccessSection(_Section):
     # 0.7 has no authentication, so on loopback any other user of the host could send rows through Gym's agents to the
     # run's replicas. Needs require_key and a Gym the run starts (not head_url); on by default where both hold.
     guard_gym: bool | None = None
+    # Ray's dashboard and its Prometheus metrics exporters (each node's dashboard agent, the dashboard process, the
+    # autoscaler monitor) in the Rays the run starts -- the trainer's and Gym's: they answer every user of the host,
+    # without Ray's token, with the run's metrics. false: not started (access.listen.ray_exporters_env; the recipe's
+    # Ray without the dashboard's web UI); true: Ray's defaults, for your own Prometheus.
+    ray_dashboard: bool = False
 
     @field_validator("local_only", mode="before")
     @classmethod

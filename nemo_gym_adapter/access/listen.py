@@ -20,7 +20,20 @@ one-host case.
   multi-node cluster that narrows them) and Ray's token refuses other clients.
 
 Gym's own Ray head (``gym.ray_head``) is always one machine: it gets :data:`LOCAL_ONLY_ENV` whatever the run's
-topology. And a Ray the recipe starts gets a token of its own (:func:`ray_token_env`): Ray 2.60's ``ray.init``
+topology.
+
+Ray's metrics exporters (:func:`ray_exporters_env`): every Ray 2.60 cluster ``ray.init`` or ``ray start`` starts runs
+four HTTP servers that answer *any* path, without Ray's token, with the cluster's Prometheus metrics -- each node's
+dashboard agent (``metrics_export_port``), the dashboard process (44227, ``DASHBOARD_METRIC_PORT``; it runs even
+with ``include_dashboard=False``, then without its web UI) and the autoscaler monitor (44217,
+``AUTOSCALER_METRIC_PORT``) -- and, with ``include_dashboard`` unset where Ray's dashboard packages are installed,
+the dashboard's web UI on 8265. Read-only, but to every user of the host, and a flood makes the dashboard agents stop
+answering. A run that does not use them (``nemo_gym.access.ray_dashboard: false``, the default) starts every Ray it
+owns -- the trainer's, Gym's -- without them: Ray's own switch for the agents' exporter
+(``RAY_enable_metrics_collection=0``: the raylet starts each dashboard agent with ``--disable-metrics-collection``),
+and for the two fixed-port ones, which have no switch, a port no socket can bind (:data:`NO_PORT`): each process logs
+that its metrics server could not start (``monitor.log``, ``dashboard.log`` in Ray's session logs) and goes on
+without it. The recipe also starts its Ray with ``include_dashboard=False``. And a Ray the recipe starts gets a token of its own (:func:`ray_token_env`): Ray 2.60's ``ray.init``
 turns token auth on by default with ``~/.ray/auth_token``, written with the process umask (0644 under the usual
 022: readable by every user who can enter the home directory); a per-run token in the environment is never written.
 Pure: no Ray import.
@@ -38,6 +51,14 @@ LOCAL_ONLY_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOCAL_ONLY_ENV = {LOCAL_ONLY_VAR: "0"}
 RAY_AUTH_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 LOCAL_ONLY_MODES = ("auto", "true", "false")
+# Ray 2.60 reads both ports from the environment (ray/dashboard/consts.py, ray/autoscaler/_private/constants.py) and
+# catches its own failure to bind them; 65536 is outside every port range, so the bind always fails the same way.
+NO_PORT = "65536"
+RAY_EXPORTERS_OFF_ENV = {
+    "RAY_enable_metrics_collection": "0",  # the dashboard agents' exporter (raylet: --disable-metrics-collection)
+    "DASHBOARD_METRIC_PORT": NO_PORT,  # the dashboard process's exporter
+    "AUTOSCALER_METRIC_PORT": NO_PORT,  # the autoscaler monitor's exporter
+}
 
 
 @dataclass(frozen=True)
@@ -103,3 +124,11 @@ def ray_token_env(environ: Mapping[str, str]) -> dict[str, str]:
     if any(v in environ for v in RAY_AUTH_VARS):
         return {}
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+
+
+def ray_exporters_env(environ: Mapping[str, str], enabled: bool = False) -> dict[str, str]:
+    """What starts a Ray without its metrics exporters (module docstring), unless ``enabled``
+    (``nemo_gym.access.ray_dashboard``) or a variable is set in ``environ`` already (yours wins)."""
+    if enabled:
+        return {}
+    return {k: v for k, v in RAY_EXPORTERS_OFF_ENV.items() if k not in environ}

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV
+from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV, ray_exporters_env
 from nemo_gym_adapter.errors import AdapterConfigError
 from nemo_gym_adapter.gym.ports import safe_port_range
 from nemo_gym_adapter.runtime import paths
@@ -54,6 +54,9 @@ class GymLaunchSpec(BaseModel):
     port_retries: int = Field(2, ge=0, description="relaunches with new ports when a server loses its port")
     ray_head_node_address: str | None = Field(None, description="a Ray cluster started with Gym's Python version")
     ray_auth_token: SecretStr | None = Field(None, description="that cluster's token (ray_head.GymRayHead), env only")
+    ray_metrics: bool = Field(
+        False, description="a Ray Gym starts itself keeps Ray's metrics exporters (access.listen.ray_exporters_env)"
+    )
     gym_venv: Path = Field(default_factory=paths.gym_venv)
     server_venvs_dir: Path | None = Field(
         default_factory=paths.gym_server_venvs_dir, description="uv_venv_dir with prebuilt .venv links; None: uv"
@@ -247,7 +250,14 @@ def launch_env(spec: GymLaunchSpec, base: dict[str, str] | None = None) -> dict[
     """Gym's environment for ``spec`` (:func:`gym_env`)."""
     guard = access_env(spec.access_key, spec.host, spec.port_range, spec.head_port)
     return gym_env(
-        spec.gym_venv, spec.env, spec.policy_api_key, spec.ray_head_node_address, spec.ray_auth_token, base, guard
+        spec.gym_venv,
+        spec.env,
+        spec.policy_api_key,
+        spec.ray_head_node_address,
+        spec.ray_auth_token,
+        base,
+        guard,
+        ray_metrics=spec.ray_metrics,
     )
 
 
@@ -274,11 +284,13 @@ def gym_env(
     ray_token: SecretStr | None,
     base: dict[str, str] | None = None,
     guard: dict[str, str] | None = None,
+    ray_metrics: bool = False,
 ) -> dict[str, str]:
     """Gym's environment (:func:`gym_process_env` with ``extra``), the API key, and the Ray settings that keep Gym on
     a cluster of its own; from the parts of a spec it depends on, so a warm launcher (:mod:`~nemo_gym_adapter.gym.warm`) can be given
     it before the spec exists. ``guard``: :func:`access_env`'s variables (its ``PYTHONPATH`` first, before one of
-    ``extra``)."""
+    ``extra``). A Ray Gym starts itself (no ``ray_address``) is started without Ray's metrics exporters unless
+    ``ray_metrics`` (``access.listen.ray_exporters_env``)."""
     env = gym_process_env(gym_venv, extra, base)
     env[API_KEY_ENV] = api_key.get_secret_value()
     if guard:
@@ -292,6 +304,7 @@ def gym_env(
         # one-machine Ray on loopback (access.listen) unless nemo_gym.env says otherwise.
         env["RAY_ADDRESS"] = "local"
         env.update({k: v for k, v in LOCAL_ONLY_ENV.items() if k not in extra})
+        env.update(ray_exporters_env(extra, ray_metrics))
     elif ray_token is not None:
         # our own head (ray_head.GymRayHead): its token, through the environment only; a one-machine Ray on
         # loopback, which Gym's processes join as loopback nodes (ray_head.head_env)

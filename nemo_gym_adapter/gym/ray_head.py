@@ -11,7 +11,9 @@ The head process:
 
 - has a ``--temp-dir`` of its own: ``ray start`` records its address in ``<temp dir>/ray_current_cluster``, where
   every plain ``ray.init()`` on the machine would find and join it (or hang on it once it is gone); removed on stop;
-- no dashboard; free ports for the GCS, the Ray client server and the dashboard agent (Ray's fixed defaults
+- no dashboard web UI and, unless ``nemo_gym.access.ray_dashboard``, none of Ray's metrics exporters
+  (``access.listen.ray_exporters_env``: the dashboard agent's, the dashboard process's and the autoscaler monitor's
+  answer every user of the host); free ports for the GCS, the Ray client server and the dashboard agent (Ray's fixed defaults
   6379/10001/52365 collide between two heads on one machine); its workers' ports ephemeral, never Ray's CLI band
   that Gym's servers would otherwise share (:mod:`~nemo_gym_adapter.gym.ports`);
 - a one-machine Ray: Gym's processes always run on the launcher's host and connect through 127.0.0.1, so the head
@@ -49,7 +51,7 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV
+from nemo_gym_adapter.access.listen import LOCAL_ONLY_ENV, ray_exporters_env
 from nemo_gym_adapter.config import NemoGymConfig
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym.launch import gym_package_root, gym_process_env
@@ -100,13 +102,19 @@ def head_command(gym_venv: Path, port: int, client_port: int | None, agent_port:
 
 
 def head_env(
-    gym_venv: Path, extra: Mapping[str, str], token: str, base: dict[str, str] | None = None
+    gym_venv: Path,
+    extra: Mapping[str, str],
+    token: str,
+    base: dict[str, str] | None = None,
+    metrics: bool = False,
 ) -> dict[str, str]:
-    """The head's environment: Gym's (:func:`launch.gym_process_env`) plus token auth with ``token``."""
+    """The head's environment: Gym's (:func:`launch.gym_process_env`) plus token auth with ``token``; Ray's metrics
+    exporters off unless ``metrics`` (``nemo_gym.access.ray_dashboard``) or ``extra`` sets their variables."""
     env = gym_process_env(gym_venv, dict(extra), base)
     env.pop("RAY_AUTH_TOKEN_PATH", None)  # the token below is the only one
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     env.update({k: v for k, v in LOCAL_ONLY_ENV.items() if k not in extra})  # loopback only (module docstring)
+    env.update(ray_exporters_env(extra, metrics))
     # Ray prestarts one Python worker per CPU when the first driver connects -- Gym's launcher, at the start of Gym's
     # spin-up, where those imports compete for the CPUs; Gym's servers only connect at start-up, so workers start
     # when a Gym server first submits Ray work instead (``nemo_gym.env`` can set it back to 1).
@@ -126,11 +134,16 @@ class GymRayHead:
     returns its address once it is up."""
 
     def __init__(
-        self, gym_venv: Path | None = None, run_dir: Path | None = None, env: Mapping[str, str] | None = None
+        self,
+        gym_venv: Path | None = None,
+        run_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        metrics: bool = False,
     ) -> None:
         self.gym_venv = gym_venv or paths.gym_venv()
         self.run_dir = run_dir
         self.env = dict(env or {})
+        self.metrics = metrics  # Ray's metrics exporters on (nemo_gym.access.ray_dashboard)
         self.proc: SessionProcess | None = None
         self.port = 0
         self.temp_dir: Path | None = None
@@ -145,10 +158,14 @@ class GymRayHead:
 
     @classmethod
     def start(
-        cls, gym_venv: Path | None = None, run_dir: Path | None = None, env: Mapping[str, str] | None = None
+        cls,
+        gym_venv: Path | None = None,
+        run_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        metrics: bool = False,
     ) -> GymRayHead:
         """Spawn the head and return without waiting for it."""
-        head = cls(gym_venv, run_dir, env)
+        head = cls(gym_venv, run_dir, env, metrics)
         head._spawn()
         return head
 
@@ -162,7 +179,7 @@ class GymRayHead:
         token = secrets.token_hex(32)
         self._token = SecretStr(token)
         cmd = head_command(self.gym_venv, self.port, client_port, agent_port, self.temp_dir)
-        env = head_env(self.gym_venv, self.env, token)
+        env = head_env(self.gym_venv, self.env, token, metrics=self.metrics)
         self._t0, self._ready, self.start_seconds = time.monotonic(), False, None
         self.proc = SessionProcess("Gym's Ray head (ray start from Gym's venv)", cmd, log, env=env, cwd=self.run_dir)
         self.proc.stop_timeout_s = STOP_TIMEOUT_S
@@ -284,7 +301,7 @@ def start_head_for(gym: NemoGymConfig) -> GymRayHead:
     run_dir = Path(gym.run_dir) if gym.run_dir else None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-    return GymRayHead.start(Path(gym.gym_venv) if gym.gym_venv else None, run_dir, gym.env)
+    return GymRayHead.start(Path(gym.gym_venv) if gym.gym_venv else None, run_dir, gym.env, gym.access.ray_dashboard)
 
 
 def claim_early_head() -> GymRayHead | None:

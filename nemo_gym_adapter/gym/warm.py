@@ -164,7 +164,10 @@ class WarmLauncher:
         """Start one for the launch of ``spec`` (joining ``head`` if given, as ``GymServers.start`` will); its log and
         pid file go to ``run_dir`` (default: the spec's)."""
         address, token = (head.address, head.auth_token) if head else (spec.ray_head_node_address, spec.ray_auth_token)
-        env = gym_env(spec.gym_venv, spec.env, spec.policy_api_key, address, token)
+        guard = access_env(spec.access_key, spec.host, spec.port_range, spec.head_port)
+        env = gym_env(
+            spec.gym_venv, spec.env, spec.policy_api_key, address, token, guard=guard, ray_metrics=spec.ray_metrics
+        )
         return cls.start(spec.gym_venv, env, run_dir or spec.run_dir, preload)
 
     def _spawn(self) -> None:
@@ -314,7 +317,7 @@ def _start_warm_for(gym: NemoGymConfig, head: GymRayHead | None) -> WarmLauncher
     # Gym's host is chosen later (addresses.choose_gym_host); loopback is the one-host answer. Elsewhere the launch's
     # environment differs and the launch is cold (env_mismatch), which costs time, not safety.
     guard = access_env(key, "127.0.0.1", gym.port_range, gym.head_port) if gym.guards_gym else None
-    env = gym_env(gym_venv, dict(gym.env), key, address, token, guard=guard)
+    env = gym_env(gym_venv, dict(gym.env), key, address, token, guard=guard, ray_metrics=gym.access.ray_dashboard)
     run_dir = Path(gym.run_dir) if gym.run_dir else None
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ same arguments, e.g.::
 ``--ngv-assistant-edits keep_ids|refuse`` (ours; removed before vLLM parses the rest) sets what the patch does with an
 assistant message edited while its token ids were kept (``nemo_gym.assistant_edits``; default ``keep_ids``).
 ``--ngv-no-partial-rollouts`` (ours too): a generation a pause aborted is answered 503 instead of being resumed from
-its tokens (``nemo_gym.partial_rollouts: false``; ``vllm.resume``).
+its tokens (``nemo_gym.partial_rollouts: false``; ``vllm.resume``). ``--ngv-no-patch``: stock vLLM's rendering, the
+key still required on every route (``collect --no-patch``: what the patch fixes, measured behind the same door).
 
 A key (vLLM's own ``--api-key``, or better ``VLLM_API_KEY`` in the environment: argv is visible to every user of the
 machine) is required on *every* route, not only under ``/v1`` as vLLM's own check does: the access guard
@@ -60,6 +61,7 @@ _ENTRY_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # vLLM >= 0.25
 _LEGACY_MODULE = "vllm.entrypoints.openai.api_server"  # vLLM 0.20 - 0.24 (and a deprecated alias later)
 ASSISTANT_EDITS_FLAG = "--ngv-assistant-edits"
 NO_PARTIAL_ROLLOUTS_FLAG = "--ngv-no-partial-rollouts"
+NO_PATCH_FLAG = "--ngv-no-patch"
 
 PATCHED_LAUNCHER = "nemo_gym_adapter.vllm.server"  # this module: the token-ID patch, then vLLM's server
 STOCK_LAUNCHER = _LEGACY_MODULE  # unpatched vLLM (controls in tests)
@@ -154,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     until stopped)."""
     assistant_edits, args = pop_assistant_edits(sys.argv[1:] if argv is None else argv)
     partial_rollouts = NO_PARTIAL_ROLLOUTS_FLAG not in args
-    args = [a for a in args if a != NO_PARTIAL_ROLLOUTS_FLAG]
+    patched = NO_PATCH_FLAG not in args
+    args = [a for a in args if a not in (NO_PARTIAL_ROLLOUTS_FLAG, NO_PATCH_FLAG)]
     count = api_server_count(args)
     if count is not None and count > 1:
         raise AdapterConfigError(
@@ -166,18 +169,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     from nemo_gym_adapter.vllm.plugin import register_tool_parsers
 
     logging.basicConfig(level=logging.INFO)
-    report = apply_patch(assistant_edits, partial_rollouts)
+    if patched:
+        report = apply_patch(assistant_edits, partial_rollouts)
+        patch = f"token-ID patch: {report.hook} on vLLM {report.vllm_version} (assistant_edits={assistant_edits}, "
+        patch += f"partial_rollouts={partial_rollouts})"
+    else:
+        patch = f"no token-ID patch ({NO_PATCH_FLAG}): stock vLLM rendering"
     # vLLM checks --tool-call-parser against its registry before it loads general plugins: ours must be there first.
     register_tool_parsers()
     keys = api_keys(args)
     if keys:
         install_guard(keys)
     logger.info(
-        "token-ID patch: %s on vLLM %s (assistant_edits=%s, partial_rollouts=%s); %s; starting vLLM's OpenAI server",
-        report.hook,
-        report.vllm_version,
-        assistant_edits,
-        partial_rollouts,
+        "%s; %s; starting vLLM's OpenAI server",
+        patch,
         "a key required on every route" if keys else "no key: every route open (--api-key / VLLM_API_KEY)",
     )
     sys.argv = [sys.argv[0], *args]  # vLLM's main() parses sys.argv

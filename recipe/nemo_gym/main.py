@@ -12,7 +12,7 @@ can be overridden as usual. The run, in order:
    key, the bad value and the fix, or ``file:line`` (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
    where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.config.resolvers``)
-   are registered; decide who may reach the run (:func:`prepare_access`, ``nemo_gym_adapter.access``): on one host
+   are registered; decide who may reach the run (``recipe.nemo_gym.trainer.access.prepare_access``, ``nemo_gym_adapter.access``): on one host
    every process of the run listens on loopback only, a Ray the recipe starts gets a token of its own, and the run's
    rollout key is made here and published for the run's processes as soon as Ray is up;
 3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.trainer.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
@@ -37,7 +37,6 @@ import os
 import signal
 import sys
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +44,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_gym_adapter.access import key as access_key
-from nemo_gym_adapter.access import listen
 from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, ServerDownError, SetupError, StorageError
 from nemo_gym_adapter.runtime import paths, reaper
-from recipe.nemo_gym.config.load import RecipeConfig, load_config
+from recipe.nemo_gym.config.load import load_config
 from recipe.nemo_gym.config.resolvers import register_resolvers
+from recipe.nemo_gym.trainer.access import prepare_access
 
 logger = logging.getLogger(__name__)
 
@@ -109,74 +108,6 @@ def run(cfg: DictConfig) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
     return 0
-
-
-class RunAccess:
-    """What :func:`prepare_access` set for this run: the listen plan, the rollout key (None with
-    ``nemo_gym.access.require_key=false``), and the environment variables to put back when the run ends."""
-
-    def __init__(self, plan: listen.ListenPlan, key: access_key.RunKey | None, saved: dict[str, str | None]) -> None:
-        self.plan, self.key, self._saved = plan, key, saved
-
-    def restore(self) -> None:
-        """The key out of Ray's KV (a joined cluster outlives the run) and this process's environment as it was."""
-        if self.key is not None:
-            try:
-                access_key.unpublish()
-            except Exception as e:  # the cluster may be gone already
-                logger.debug("rollout key not unpublished: %s", e)
-        for name, value in self._saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def prepare_access(cfg: DictConfig, recipe: RecipeConfig) -> RunAccess:
-    """Who may reach the run (``nemo_gym_adapter.access``), decided before ``ray.init``:
-
-    - where it listens (``access.listen.plan``, ``nemo_gym.access.local_only``): on one host, Ray's one-machine mode
-      in this process's environment, which Ray and everything it starts inherit -- every Ray port, the rollout
-      servers, TransferQueue and Gym's Ray on 127.0.0.1;
-    - a Ray the recipe starts gets a token of its own in the environment (``access.listen.ray_token_env``), never
-      written to ``~/.ray/auth_token``;
-    - the rollout key (``nemo_gym.access.require_key``): ``NGV_ROLLOUT_API_KEY`` or a generated one, published in
-      Ray's KV right after ``ray.init`` (:func:`run` registers that). Attached to a Gym you run, a generated key
-      cannot work: ``AdapterConfigError`` naming the variable (``access.key.attach_error``).
-    """
-    from nemo_gym_adapter.gym.addresses import is_local
-
-    access, gym = recipe.gym.access, recipe.gym
-    address = OmegaConf.select(cfg, "ray_kwargs.ray_init.address", default=None)
-    recorded = None
-    if address in (None, "", "auto") and not os.environ.get("RAY_ADDRESS"):
-        from ray._private.utils import read_ray_address  # a cluster `ray start` recorded here: ray.init would join it
-
-        recorded = read_ray_address()
-    own_ray = listen.starts_own_ray(address, os.environ, recorded)
-    head_host = urllib.parse.urlsplit(gym.head_url).hostname if gym.head_url else None
-    plan = listen.plan(
-        access.local_only,
-        own_ray=own_ray,
-        nnodes=int(OmegaConf.select(cfg, "trainer.nnodes", default=1) or 1),
-        gym_elsewhere=head_host if head_host and not is_local(head_host) else None,
-        environ=os.environ,
-    )
-    key = None
-    if access.require_key:
-        key = access_key.driver_key()
-        if gym.head_url is not None and key.source != "env":
-            raise AdapterConfigError(access_key.attach_error(gym.head_url))
-    env = {**plan.env, **(listen.ray_token_env(os.environ) if own_ray else {})}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    logger.info(
-        "access: %s; Ray: %s; rollout servers: %s",
-        plan.reason,
-        "a token of its own" if "RAY_AUTH_TOKEN" in env else "as configured (ray_kwargs / RAY_AUTH_*)",
-        f"the run's key required on every route ({key})" if key else "no key (nemo_gym.access.require_key=false)",
-    )
-    return RunAccess(plan, key, saved)
 
 
 def check_rows(cfg: DictConfig) -> None:

@@ -28,6 +28,7 @@ def test_defaults_collect_the_bundled_example_with_the_demo_model():
         (["--model", "/ckpt", "--policy-base-url", "http://h:1/v1"], "give one of them"),
         (["--gym-head-url", "http://h:1"], "needs --data"),
         (["--gym-head-url", "http://h:1", "--env", "x", "--data", __file__], "drop --env"),
+        (["--gym-head-url", "http://h:1", "--no-gym-guard", "--data", __file__], "--no-gym-guard"),
         (["--repeats", "0"], "--repeats must be >= 1"),
         (["--response-length", "0"], "--response-length must be >= 1"),
         (["--data", "/nonexistent.jsonl"], "no such file"),
@@ -72,7 +73,11 @@ def test_a_run_against_an_attached_gym_writes_jsonl_and_the_summary(fake_server,
         status = main([*argv, "--no-progress", "--json"])
     finally:
         head.stop()
-    summary = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    # one line says what collect cannot protect: a Gym it did not start
+    [note] = [line for line in captured.err.splitlines() if line.startswith("note:")]
+    assert f"--gym-head-url {head.url}: a Gym collect did not start" in note, captured.err
     assert status == 1  # the unroutable row is a failure: not every rollout returned a result
     assert (summary["rollouts"], summary["results"], summary["failed_by_reason"]) == (4, 2, {"unknown_agent": 2})
     assert summary["by_env"]["agent_a"]["reward_mean"] == 1.0 and summary["by_env"]["all"]["masked_rate"] == 0.5
@@ -101,3 +106,65 @@ def test_a_bad_row_stops_collect_before_anything_starts(tmp_path, monkeypatch, c
     monkeypatch.setattr(collect, "start_gym", lambda *a: pytest.fail("Gym started before the rows were checked"))
     assert main(["--config-path", "mine.yaml", "--data", str(bad), "--no-progress"]) == 1
     assert f"{bad}:2" in capsys.readouterr().err
+
+
+def test_an_external_policy_is_named_as_unprotected_and_the_gym_started_here_requires_this_runs_key(
+    monkeypatch, capsys
+):
+    """``--policy-base-url``: one line says collect cannot make that server require a key (and what it sends it);
+    the Gym started here still requires a key of this invocation's, on a Ray head of its own (both faked here; the
+    real ones: tests/integration/test_collect.py). ``--no-gym-guard`` opens that Gym."""
+    from contextlib import ExitStack
+    from types import SimpleNamespace
+
+    from nemo_gym_adapter import collect
+    from nemo_gym_adapter.access.key import ENV
+    from nemo_gym_adapter.gym import ray_head, servers
+    from nemo_gym_adapter.wire import policy
+
+    started, stopped = [], []
+
+    class FakeGym:
+        head_url, startup_seconds = "http://127.0.0.1:1", 0.1
+
+        @classmethod
+        def start(cls, spec, ray_head=None):
+            started.append((spec, ray_head))
+            return cls()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    head = SimpleNamespace(stop=lambda: stopped.append(head))
+    monkeypatch.setattr(ray_head.GymRayHead, "start", classmethod(lambda cls, *a, **kw: head))
+    monkeypatch.setattr(servers, "GymServers", FakeGym)
+    monkeypatch.setattr(policy, "read_model_card", lambda urls, api_key=None: SimpleNamespace(name="m"))
+    monkeypatch.delenv(ENV, raising=False)
+    for extra, guarded in (([], True), (["--no-gym-guard"], False)):
+        args = parse_args(
+            ["--policy-base-url", "http://10.0.0.5:8000/v1", "--data", __file__, "--config-path", "m.yaml", *extra]
+        )
+        with ExitStack() as stack:
+            collect.start_gym(args, stack, [])
+        spec, used_head = started[-1]
+        assert used_head is head and (spec.access_key is not None) is guarded
+        assert spec.policy_api_key.get_secret_value() == "EMPTY"  # the external server's key is yours to give
+        assert stopped[-1] is head  # Gym's Ray head stopped with the run
+        err = capsys.readouterr().err
+        [note] = [line for line in err.splitlines() if line.startswith("note:")]
+        assert "--policy-base-url http://10.0.0.5:8000/v1: a server collect did not start" in note
+        assert f"no key ({ENV} is unset)" in note
+        assert ("every server requires this run's key" in err) is guarded, err
+    monkeypatch.setenv(ENV, "mine-" + "k" * 30)
+    with ExitStack() as stack:
+        args = parse_args(
+            ["--policy-base-url", "http://10.0.0.5:8000/v1", "--data", __file__, "--config-path", "m.yaml"]
+        )
+        collect.start_gym(args, stack, [])
+    spec, _ = started[-1]
+    assert spec.policy_api_key.get_secret_value() == "mine-" + "k" * 30 and spec.access_key is not None
+    assert spec.access_key.get_secret_value() != spec.policy_api_key.get_secret_value()  # Gym's key is this run's
+    assert f"{ENV} from your environment" in capsys.readouterr().err

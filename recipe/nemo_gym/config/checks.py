@@ -10,7 +10,8 @@ value and the fix, so that :func:`~recipe.nemo_gym.config.load.load_config` repo
   masked samples ``recipe.nemo_gym.algorithms.masked_estimators`` keeps out of every group statistic; GDPO's reward keys;
 - ``nemo_gym.trajectory.contiguity: split``: the trainer and the estimators that count a split rollout once;
 - group filtering (``algorithm.filter_groups``): the trainer and a metric masked samples cannot decide;
-- micro-batches (``*_micro_batch_size_per_gpu``): a worker's batch must divide into them.
+- micro-batches (``*_micro_batch_size_per_gpu``): a worker's batch must divide into them;
+- Ray's dashboard (``ray_kwargs.ray_init.include_dashboard``) only with ``nemo_gym.access.ray_dashboard``.
 """
 
 from __future__ import annotations
@@ -196,3 +197,14 @@ def check_micro_batches(
                 f"use a divisor of it ({', '.join(map(str, fits[-4:])) or 'none: fix the batch sizes'}) or a "
                 "dynamic batch size"
             )
+
+
+def check_ray_dashboard(include_dashboard: Any, ray_dashboard: bool, problems: list[str]) -> None:
+    """Ray's dashboard asked for (``ray_kwargs.ray_init.include_dashboard: true``) while the run keeps Ray's dashboard
+    and metrics exporters off (``nemo_gym.access.ray_dashboard: false``, the default): one of them must give way."""
+    if include_dashboard is True and not ray_dashboard:
+        problems.append(
+            "ray_kwargs.ray_init.include_dashboard=true: nemo_gym.access.ray_dashboard is false, so the run starts Ray "
+            "without its dashboard and metrics exporters (they answer every user of the host; docs/CLUSTER.md). Set "
+            "nemo_gym.access.ray_dashboard=true for both, or drop include_dashboard"
+        )

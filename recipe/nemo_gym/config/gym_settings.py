@@ -47,6 +47,7 @@ def gym_launch_spec(
             "env": gym.env,
             "startup_timeout_s": gym.startup_timeout_s,
             "port_retries": gym.port_retries,
+            "ray_metrics": gym.access.ray_dashboard,  # a Ray Gym starts itself (nemo_gym.ray_head: gym)
             **{k: v for k, v in optional.items() if v is not None},
         },
         prefix="nemo_gym",

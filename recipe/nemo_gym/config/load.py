@@ -168,6 +168,11 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
         _select(cfg, "algorithm.rollout_correction.bypass_mode", False),
         problems,
     )
+    checks.check_ray_dashboard(
+        _select(cfg, "ray_kwargs.ray_init.include_dashboard", None),
+        gym is not None and gym.access.ray_dashboard,
+        problems,
+    )
     actor = "actor_rollout_ref.actor"
     checks.check_micro_batches(
         strategy=_select(cfg, f"{actor}.strategy", None),

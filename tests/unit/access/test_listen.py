@@ -58,3 +58,26 @@ def test_a_ray_the_recipe_starts_gets_its_own_token_unless_you_configured_one():
     assert a["RAY_AUTH_MODE"] == "token" and len(a["RAY_AUTH_TOKEN"]) == 64 and a != b
     for var in listen.RAY_AUTH_VARS:
         assert listen.ray_token_env({var: "x"}) == {}
+
+
+def test_rays_metrics_exporters_are_off_unless_asked_for_and_a_users_own_setting_wins():
+    off = listen.ray_exporters_env({})
+    assert off == {
+        "RAY_enable_metrics_collection": "0",
+        "DASHBOARD_METRIC_PORT": "65536",
+        "AUTOSCALER_METRIC_PORT": "65536",
+    }
+    assert listen.ray_exporters_env({}, enabled=True) == {}  # nemo_gym.access.ray_dashboard: Ray's defaults
+    assert "DASHBOARD_METRIC_PORT" not in listen.ray_exporters_env({"DASHBOARD_METRIC_PORT": "9999"})
+
+
+def test_the_port_that_turns_rays_fixed_port_exporters_off_is_one_no_socket_binds():
+    """What Ray's monitor and dashboard do with :data:`listen.NO_PORT` (``prometheus_client.start_http_server``, inside
+    their own ``try``): the bind fails, nothing listens. The control: port 0 binds (an ephemeral port)."""
+    import socket
+
+    with pytest.raises(OverflowError), socket.socket() as s:
+        s.bind(("127.0.0.1", int(listen.NO_PORT)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        assert s.getsockname()[1] > 0

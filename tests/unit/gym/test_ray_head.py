@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_gym_adapter.access import listen
 from nemo_gym_adapter.config import NemoGymConfig, parse_section
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym import ray_head as gym_ray
@@ -47,6 +48,11 @@ def test_head_env_is_gyms_with_a_token_of_its_own(tmp_path):
     assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"], env["HF_HOME"]) == ("token", "t" * 64, "/hf")
     assert env["PATH"] == f"{tmp_path / 'venv' / 'bin'}:/usr/bin"
     assert env["RAY_prestart_worker_first_driver"] == "0"  # no worker burst when Gym's launcher connects
+    # no metrics exporter answering every user of the host (access.listen), unless asked for or set in nemo_gym.env
+    assert env["RAY_enable_metrics_collection"] == "0" and env["AUTOSCALER_METRIC_PORT"] == listen.NO_PORT
+    asked = head_env(tmp_path, {}, "t", base={}, metrics=True)
+    assert not {"RAY_enable_metrics_collection", "DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT"} & set(asked)
+    assert head_env(tmp_path, {"DASHBOARD_METRIC_PORT": "9100"}, "t", base={})["DASHBOARD_METRIC_PORT"] == "9100"
     assert (
         head_env(tmp_path, {"RAY_prestart_worker_first_driver": "1"}, "t", base={})["RAY_prestart_worker_first_driver"]
         == "1"

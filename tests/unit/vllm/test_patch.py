@@ -733,3 +733,28 @@ def test_launcher_reads_and_refuses_several_api_servers():
     assert api_server_count(["--model", "m", "-asc=1"]) == 1
     with pytest.raises(AdapterConfigError, match="--api-server-count=3"):
         main(["--model", "m", "--api-server-count", "3"])
+
+
+def test_the_launcher_without_the_patch_still_requires_the_key_on_every_route(monkeypatch):
+    """``python -m nemo_gym_adapter.vllm.server --ngv-no-patch`` (``collect --no-patch``): vLLM's own rendering, the
+    access guard still in front of every route; the flag never reaches vLLM's parser. The control: without the flag
+    the patch is applied."""
+    from nemo_gym_adapter.access import guard
+    from nemo_gym_adapter.vllm import patch, plugin, server
+
+    applied, served = [], []
+    monkeypatch.setattr(patch, "apply_patch", lambda *a: applied.append(a) or pytest.fail("patched"))
+    monkeypatch.setattr(plugin, "register_tool_parsers", lambda: None)
+    monkeypatch.setattr(server, "_module_exists", lambda name: False)
+    monkeypatch.setattr(server.runpy, "run_module", lambda *a, **kw: served.append(list(server.sys.argv[1:])))
+    monkeypatch.setattr(server.sys, "argv", ["server"])
+    monkeypatch.setenv("VLLM_API_KEY", "the-run-key")
+    try:
+        server.main(["--model", "m", server.NO_PATCH_FLAG])
+        assert served == [["--model", "m"]] and not applied
+        assert guard.is_guarded()
+    finally:
+        guard.remove_guard()
+    monkeypatch.setattr(patch, "apply_patch", lambda *a: applied.append(a) or pytest.fail("the control: patched"))
+    with pytest.raises(pytest.fail.Exception, match="the control: patched"):
+        server.main(["--model", "m"])

@@ -195,3 +195,14 @@ def test_the_group_filter_metric_is_the_outcome_key_the_rollouts_write():
     from recipe.nemo_gym.config.checks import OUTCOME_METRIC
 
     assert OUTCOME_METRIC == OUTCOME_KEY
+
+
+def test_rays_dashboard_asked_for_while_the_run_keeps_it_off_is_refused_naming_both_keys(cfg):
+    cfg["ray_kwargs"] = {"ray_init": {"include_dashboard": True}}
+    message = config_error(cfg)
+    assert "ray_kwargs.ray_init.include_dashboard=true" in message and "nemo_gym.access.ray_dashboard=true" in message
+    cfg["nemo_gym"]["access"] = {"ray_dashboard": True}
+    assert load_config(cfg).gym.access.ray_dashboard
+    cfg["nemo_gym"]["access"] = {}
+    cfg["ray_kwargs"]["ray_init"]["include_dashboard"] = False
+    assert not load_config(cfg).gym.access.ray_dashboard
