@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from nemo_gym_adapter.access import key as access_key
 from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, ServerDownError, SetupError, StorageError
 from nemo_gym_adapter.runtime import paths, reaper
+from recipe.nemo_gym.config import checks
 from recipe.nemo_gym.config.load import load_config
 from recipe.nemo_gym.config.resolvers import register_resolvers
 from recipe.nemo_gym.trainer.access import prepare_access
@@ -69,6 +70,11 @@ def run(cfg: DictConfig) -> int:
     except (AdapterConfigError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    budget = checks.stock_budget_warning(
+        recipe.gym.patch_vllm, recipe.prompt_length, recipe.response_length, recipe.max_model_len
+    )
+    if budget:
+        logger.warning(budget)
     swept = reaper.sweep_orphans()  # before this run starts anything of its own
     if swept:
         logger.warning("stopped %d process(es) a trainer that died on this node left behind: %s", len(swept), swept)

@@ -208,3 +208,26 @@ def check_ray_dashboard(include_dashboard: Any, ray_dashboard: bool, problems: l
             "without its dashboard and metrics exporters (they answer every user of the host; docs/CLUSTER.md). Set "
             "nemo_gym.access.ray_dashboard=true for both, or drop include_dashboard"
         )
+
+
+def stock_budget_warning(
+    patch_vllm: bool, prompt_length: int, response_length: int, max_model_len: int | None
+) -> str | None:
+    """Without the patch (``nemo_gym.patch_vllm: false``), stock vLLM refuses a model call whose prompt plus its
+    ``max_tokens`` -- every call asks for the whole response budget -- passes ``max_model_len``, and Gym records the
+    refusal as an empty, unfinished answer (the rollout is masked ``context_overflow``). The patch clamps a call's
+    budget to the room left instead. Measured on the calculator task (docs/TOKEN_PATCH.md): with 640 + 512 tokens in
+    1,152, 74-94 % of the patch-off rollouts were lost that way. The room a later call needs is the prompt, the
+    response budget already used and one more call's budget: a warning, not an error, since a run whose later turns are
+    short may never reach it."""
+    if patch_vllm or max_model_len is None:
+        return None
+    needed = prompt_length + 2 * response_length
+    if max_model_len >= needed:
+        return None
+    return (
+        f"nemo_gym.patch_vllm=false with actor_rollout_ref.rollout.max_model_len={max_model_len}: stock vLLM refuses a "
+        f"model call whose prompt + max_tokens ({response_length}, the response budget) passes it, and such a rollout "
+        f"is masked context_overflow (the patch clamps the call instead). A later call can need prompt_length "
+        f"{prompt_length} + the response so far + {response_length}: give max_model_len >= {needed}"
+    )

@@ -206,3 +206,13 @@ def test_rays_dashboard_asked_for_while_the_run_keeps_it_off_is_refused_naming_b
     cfg["nemo_gym"]["access"] = {}
     cfg["ray_kwargs"]["ray_init"]["include_dashboard"] = False
     assert not load_config(cfg).gym.access.ray_dashboard
+
+
+def test_without_the_patch_a_context_too_short_for_a_later_call_is_warned_about():
+    from recipe.nemo_gym.config.checks import stock_budget_warning
+
+    warning = stock_budget_warning(False, 640, 512, 1152)  # the calculator config with the patch off
+    assert warning is not None and "max_model_len >= 1664" in warning and "context_overflow" in warning
+    assert stock_budget_warning(False, 640, 512, 1664) is None  # room for the prompt, the response and one more call
+    assert stock_budget_warning(True, 640, 512, 1152) is None  # the patch clamps each call to the room left
+    assert stock_budget_warning(False, 640, 512, None) is None  # the server's own length: nothing to compare
