@@ -84,6 +84,7 @@ def run(cfg: DictConfig) -> int:
     if access.key is not None and recipe.rollout_name == "sglang":
         _load_in_workers(cfg, SGLANG_KEYED_CLIENT)  # verl's own HTTP client of SGLang sends the key too
     _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
+    _dtype_notice(cfg)
     OmegaConf.resolve(cfg)  # our resolvers exist only in this process; verl's TaskRunner gets plain values
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _TERMINATED.clear()
@@ -114,6 +115,22 @@ def run(cfg: DictConfig) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
     return 0
+
+
+def _dtype_notice(cfg: DictConfig) -> None:
+    """On the CPU platform, say whether the rollout engine's bfloat16 is native here (``recipe.nemo_gym.cpu.dtype``)."""
+    if os.environ.get("VERL_PLATFORM") != "cpu":
+        return
+    from recipe.nemo_gym.cpu.dtype import bf16_notice, cpu_flags
+
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return
+    notice = bf16_notice(OmegaConf.select(cfg, "actor_rollout_ref.rollout.dtype", default=None), flags)
+    if notice is not None:
+        slow, message = notice
+        (logger.warning if slow else logger.info)(message)
 
 
 def check_rows(cfg: DictConfig) -> None:
