@@ -93,7 +93,12 @@ def servers_in_config(config_path: Path, gym_root: Path, seen: set[Path] | None 
     if config_path in seen:
         return {}
     seen.add(config_path)
-    data = yaml.safe_load(config_path.read_text()) or {}
+    try:
+        data = yaml.safe_load(config_path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}  # a config Gym cannot read either: Gym's own parser reports it, with its log (nothing to prepare)
+    if not isinstance(data, dict):
+        return {}
     found: dict[str, set[str]] = {}
     for value in data.values():
         for server_type, impls in value.items() if isinstance(value, dict) else ():

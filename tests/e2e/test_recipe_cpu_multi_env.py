@@ -14,12 +14,9 @@ training step and validation pass: toy_lookup's two tool calls with their names 
 between, each call's decoded generation; toy_choice's letter. Lean on purpose (CI budget): 4 rows x 2 samples per
 step, 8 greedy validation rows.
 
-Who may reach the run (issues 27 and 37), taken while it trains: every TCP listener of the run's process tree (Ray,
-verl's workers, the vLLM replica, TransferQueue, Gym and its Ray) is on loopback, the one-host plan
-(``nemo_gym.access.local_only: auto``), and none of them gives a stranger a 2xx: each gets
-``tests.support.listeners.KNOCKS`` without any key at step 1 -- the replica and Gym's servers answer the guard's 401,
-Ray's agents their token's, the binary sockets no HTTP, and Ray's metrics exporters are not there
-(``nemo_gym.access.ray_dashboard: false``) -- while the run goes on training to its last step.
+Who may reach the run (issue 27), taken while it trains: every TCP listener of the run's process tree (Ray, verl's
+workers, the vLLM replica, TransferQueue, Gym and its Ray) is on loopback, the one-host plan
+(``nemo_gym.access.local_only: auto``).
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ import pytest
 
 from recipe.nemo_gym.reporting.curve import load_reward_curve
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
-from tests.support.listeners import TreeListeners, knock_table, table
+from tests.support.listeners import TreeListeners, table
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +42,7 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
     watches: list[TreeListeners] = []
 
     def watch(pid: int, log: Path) -> TreeListeners:  # the run's listeners once it trains (module docstring)
-        watches.append(TreeListeners(pid, log, "step:1 ", knock=True))
+        watches.append(TreeListeners(pid, log, "step:1 "))
         return watches[-1]
 
     text, wall = _run_recipe(
@@ -60,18 +57,12 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
         config_name="nemo_gym_cpu_multi_env",
         watch=watch,
     )
-    found, knocks = watches[0].found, watches[0].knocks
-    assert found and knocks, "no listener of the run seen while it trained"
-    print(f"listeners of the run at step 1:\n{table(found)}\nwhat each answered without a key:\n{knock_table(knocks)}")
+    found = watches[0].found
+    assert found, "no listener of the run seen while it trained"
+    print(f"listeners of the run at step 1:\n{table(found)}")
     exposed = [item for item in found if item.scope != "loopback"]
     assert not exposed, f"listening beyond loopback on one host:\n{table(exposed)}"
     assert len({item.pid for item in found}) > 10  # the control: Ray, workers, vLLM, Gym were all seen
-    opened = [k for k in knocks if k.opened]
-    assert not opened, f"listeners that served a request without the key:\n{knock_table(opened)}"
-    # The controls: the knocks reached HTTP servers -- the replica and Gym's servers (head, two agents, two resources
-    # servers, the model server) behind the run's key
-    assert sum(k.ours for k in {k.listener.port: k for k in knocks}.values()) >= 7, knock_table(knocks)
-    assert f"step:{STEPS} " in text[watches[0].log_chars_after :]  # and the run trained on after them
     steps = _parse_steps(text)
     assert sorted(steps) == [0, *range(1, STEPS + 1)], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
     turns = {"toy_choice_simple_agent": 1.0, "toy_lookup_simple_agent": 2.0}
