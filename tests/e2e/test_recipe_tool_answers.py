@@ -21,24 +21,14 @@ import json
 import math
 from pathlib import Path
 
-import psutil
 import pytest
 
 from nemo_gym_adapter.demo_models.converter import build_demo_model
 from tests.e2e import test_recipe_cpu_smoke as legacy
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides
+from tests.e2e.test_recipe_tool_model import pytestmark  # noqa: F401  (slow tier, a node that fits the 0.5B run)
 
 reaped_children = legacy.reaped_children
-NEEDS_GIB = 22  # the 0.5B tool model's trainer beside its bfloat16 vLLM (docs/BENCHMARKS.md, "The tool model")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        psutil.virtual_memory().total < NEEDS_GIB * 2**30,
-        reason=f"needs a node with >= {NEEDS_GIB} GiB (the 0.5B tool model's trainer beside its vLLM)",
-    ),
-]
-
 CONFIG = "nemo_gym_cpu_qwen_calc"
 ENV = "math_advanced_calculations_simple_agent"
 BAR = 0.15  # greedy validation success, step 12 over step 0 (issue 35's "done when")
