@@ -164,17 +164,25 @@ def gguf_pythonpath(cache: Path, run: Callable[..., Any] = subprocess.run) -> st
 
 
 def tool_parser_of(model_dir: Path | str) -> str:
-    """The vLLM tool parser a model directory is served with: a converted demo model's own (its stamp, else its
-    manifest by directory name), :data:`DEFAULT_TOOL_PARSER` for any other checkpoint and for a model without one (a
-    template without tools: the parser then finds nothing, and a row that sends tools is still served)."""
+    """The vLLM tool parser a model directory is served with: a converted demo model's own, :data:`DEFAULT_TOOL_PARSER`
+    for any other checkpoint and for a model without one (a template without tools: the parser then finds nothing, and
+    a row that sends tools is still served).
+
+    A demo model's parser is what its manifest says *now*, found by the GGUF its stamp names (or by directory name):
+    the copy in the stamp is what the manifest said at conversion time, and the conversion's content key does not cover
+    serving facts -- a directory converted before its manifest named ``ngv_json`` kept ``hermes`` in its stamp, and a
+    baseline served with it read none of the model's calls. The stamp's copy counts only for a directory no manifest
+    knows (a converted model copied from another checkout)."""
     model_dir = Path(model_dir)
     try:
         stamp = json.loads((model_dir / STAMP_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         stamp = {}
-    own = stamp.get("tool_parser")
-    if own is None:
-        own = next((m.tool_parser for m in MANIFESTS.values() if m.dir_name == model_dir.name), None)
+    sha = stamp.get("gguf_sha256") if isinstance(stamp, dict) else None
+    known = next((m for m in MANIFESTS.values() if sha and m.gguf_sha256 == sha), None)
+    if known is None:
+        known = next((m for m in MANIFESTS.values() if m.dir_name == model_dir.name), None)
+    own = known.tool_parser if known is not None else (stamp.get("tool_parser") if isinstance(stamp, dict) else None)
     return str(own) if own else DEFAULT_TOOL_PARSER
 
 

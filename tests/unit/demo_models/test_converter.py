@@ -233,6 +233,21 @@ def test_the_tool_parser_is_the_models_own(tmp_path):
     assert cv.tool_parser_of(stamped) == "ngv_json"
 
 
+def test_a_stale_stamp_does_not_outvote_the_manifest(tmp_path):
+    # converted when the manifest still said hermes: the content key matches (serving facts are not content), so the
+    # directory is complete and is served as the manifest says today, found by directory name or by the GGUF it holds
+    for where in (tmp_path / QWEN25_CODER_15B.dir_name, tmp_path / "renamed"):
+        where.mkdir()
+        stale = {"tool_parser": "hermes", "gguf_sha256": QWEN25_CODER_15B.gguf_sha256}
+        (where / cv.STAMP_NAME).write_text(json.dumps(stale))
+        assert cv.tool_parser_of(where) == QWEN25_CODER_15B.tool_parser == "ngv_json"
+    # control: a model no manifest knows keeps its stamp's parser
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / cv.STAMP_NAME).write_text(json.dumps({"tool_parser": "hermes", "gguf_sha256": "0" * 64}))
+    assert cv.tool_parser_of(other) == "hermes"
+
+
 def test_the_cli_prints_the_directory_or_the_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cv, "build_demo_model", lambda name, root: tmp_path / name)
     assert cv.main(["smollm2"]) == 0 and capsys.readouterr().out.strip() == str(tmp_path / "smollm2")
