@@ -21,6 +21,8 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
+# shellcheck source=scripts/layered_venv.sh
+source "$REPO/scripts/layered_venv.sh"
 CACHE="${NGV_CACHE_DIR:-$REPO/.cache}"
 VENV="$CACHE/sglang-venv"
 TRAINER="$REPO/.venv"
@@ -48,14 +50,8 @@ fi
 
 t0=$SECONDS
 mkdir -p "$PIP_CACHE_DIR"
-rm -rf "$VENV"
 say "creating $VENV on the trainer venv's Python, layered on its site-packages"
-"$TRAINER/bin/python" -m venv --without-pip "$VENV"
-SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-TRAINER_SITE="$("$TRAINER/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-# addsitedir (not a bare path line) so the trainer's own .pth files (the editable nemo-gym-verl, ...) are processed too;
-# appended after this venv's site-packages, so the packages installed here win.
-printf 'import site; site.addsitedir(%s)\n' "'$TRAINER_SITE'" > "$SITE/zz_ngv_trainer_site.pth"
+layered_venv "$VENV" "$TRAINER"
 say "installing ${PKGS[*]} without dependencies (the rest comes from the trainer venv)"
 "$TRAINER/bin/python" -m pip --python "$VENV/bin/python" install -q --no-deps "${PKGS[@]}" \
   2> >(grep -v "is ignored: it is neither" >&2)

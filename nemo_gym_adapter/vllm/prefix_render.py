@@ -10,6 +10,7 @@ added by the request) it returns None and the caller renders through vLLM's hook
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +22,14 @@ from nemo_gym_adapter.tokens.prefix_reuse import (
 )
 from nemo_gym_adapter.tokens.stops import Stops
 
-__all__ = ["StopTexts", "fast_prefix_ids", "prefix_ids_by_segments", "prefix_render_by_segments", "stop_texts_for"]
+__all__ = [
+    "StopTexts",
+    "build_chat_params",
+    "fast_prefix_ids",
+    "prefix_ids_by_segments",
+    "prefix_render_by_segments",
+    "stop_texts_for",
+]
 
 
 async def fast_prefix_ids(
@@ -56,7 +64,7 @@ async def fast_prefix_ids(
     if tool_dicts is not None:
         kwargs["tools"] = tool_dicts
     kwargs["tokenize"] = False
-    chat_params = prefix_request.build_chat_params(default_template, content_format).with_defaults(kwargs)
+    chat_params = build_chat_params(serving, prefix_request, default_template, content_format).with_defaults(kwargs)
     _, prompt = await serving.renderer.render_messages_async(prefix_messages, chat_params)
     text = prompt.get("prompt") if isinstance(prompt, dict) else None
     if not isinstance(text, str) or set(prompt) - {"prompt"}:
@@ -64,3 +72,14 @@ async def fast_prefix_ids(
     return prefix_render_by_segments(
         text, full_text, full_stops, stops, lambda s: tokenizer.encode(s, add_special_tokens=False)
     )
+
+
+def build_chat_params(serving: Any, request: Any, default_template: str | None, content_format: Any) -> Any:
+    """``request.build_chat_params`` as ``preprocess_chat`` calls it: from vLLM 0.33 a chat or Responses request also
+    takes the server's ``--reasoning-effort-map`` (``serving.reasoning_effort_map``), which rewrites the requested
+    effort (and so ``enable_thinking``) before the template sees it; a request type whose ``build_chat_params`` has no
+    such parameter (``/tokenize``'s) is not given it, nor is anything on a release without the map (<= 0.32)."""
+    effort_map = getattr(serving, "reasoning_effort_map", None)
+    if effort_map and "reasoning_effort_map" in inspect.signature(request.build_chat_params).parameters:
+        return request.build_chat_params(default_template, content_format, reasoning_effort_map=effort_map)
+    return request.build_chat_params(default_template, content_format)

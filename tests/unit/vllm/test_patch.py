@@ -241,13 +241,15 @@ def patched_renderer(fake_vllm, qwen_tokenizer):
         ("0.25.0", "OnlineRenderer"),
         ("0.31.0+cpu", "OnlineRenderer"),
         ("0.32.1", "OnlineRenderer"),
+        ("0.33.0", "OnlineRenderer"),
+        ("0.34.0", "OnlineRenderer"),
     ],
 )
 def test_supported_versions_map_to_their_hook(version, hook):
     assert hook_target_for(version).qualname == f"{hook}.preprocess_chat"
 
 
-@pytest.mark.parametrize("version", ["0.19.9", "0.33.0", "1.0.0", "garbage", ""])
+@pytest.mark.parametrize("version", ["0.19.9", "0.35.0", "1.0.0", "garbage", ""])
 def test_unsupported_version_fails_loudly_naming_it(version):
     with pytest.raises(SetupError, match=f"vLLM '{version}' is not supported"):
         hook_target_for(version)

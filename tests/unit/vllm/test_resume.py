@@ -4,7 +4,7 @@
 output: the turn's ids, log-probs and finish reason; ``"abort"`` as ``pause_generation(mode="abort")`` ends it) and
 records the prompt and sampling it was called with, so the tests see what the resumed request asks the engine.
 The real paths: vLLM's own detokenizer at the seam and the 0.31 serving code (``tests/integration/vllm/
-test_resume_seam.py``, ``test_weight_sync_abort.py``), vLLM 0.24's classes (``tests/vllm024/hook_cases.py``).
+test_resume_seam.py``, ``test_weight_sync_abort.py``), the GPU releases' classes (``tests/vllm_releases/hook_cases.py``).
 """
 
 from __future__ import annotations

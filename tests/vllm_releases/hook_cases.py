@@ -1,22 +1,26 @@
-"""The 0.20-0.24 hook against vLLM 0.24's real classes (run in ``.cache/vllm024-venv`` by test_vllm024_hook.py).
+"""The vLLM hook against a vLLM release's real classes, the engine stubbed (run in that release's venv by
+tests/integration/vllm/test_vllm_releases.py, one venv per ``stubbed`` release of scripts/vllm_versions.txt:
+0.24.0, verl 0.9.1's GPU pin, whose hook is ``OpenAIServingRender.preprocess_chat``, then 0.33.0 and 0.34.0, the newest
+GPU releases, whose hook is ``OnlineRenderer.preprocess_chat``). ``NGV_VLLM_RELEASE`` names the release the venv must hold.
 
-Not collected by the trainer venv's pytest (the file name has no ``test_`` prefix; it needs vLLM 0.24). Real: vLLM
-0.24.0's FastAPI app (``build_app`` + ``init_app_state``, as ``vllm serve`` wires it), ``OpenAIServingChat``,
-``OpenAIServingRender`` (the hooked class), ``ServingTokenization``, ``HfRenderer``, the hermes / llama3_json tool
-parsers, vLLM's error handlers (HTTP 400), and our ``vllm_patch.apply_patch``. Stubbed: the engine only
-(``ScriptedEngine``: records the prompt and sampling params it is given and "generates" scripted text, spelled the
-way a model may spell it, not the way the template encodes it) and the platform (``CpuPlatform``: the GPU wheel finds
-no device here, and rendering never touches one). Requests go through ``httpx.ASGITransport``, no socket.
+Not collected by the trainer venv's pytest (the file name has no ``test_`` prefix; it needs that release). Real: the
+release's FastAPI app (``build_app`` + ``init_app_state``, as ``vllm serve`` wires it), ``OpenAIServingChat``, the
+hooked render class (``nemo_gym_adapter.vllm.hooks.hook_target_for`` of the release), ``ServingTokenization``,
+``HfRenderer``, the hermes / llama3_json tool parsers, vLLM's error handlers (HTTP 400), and our
+``vllm_patch.apply_patch``. Stubbed: the engine only (``ScriptedEngine``: records the prompt and sampling params it is
+given and "generates" scripted text, spelled the way a model may spell it, not the way the template encodes it) and
+the platform (``CpuPlatform``: the GPU wheel finds no device here, and rendering never touches one). Requests go
+through ``httpx.ASGITransport``, no socket.
 
 The cases are those the 0.31 hook passes (tests/unit/vllm/test_patch.py, tests/integration/vllm/test_patch_ray.py):
 the unpatched control, the exact history on every turn of a tool-call conversation for three template families,
 ``/tokenize`` and ``/v1/chat/completions/render`` agreeing, the output-budget clamp, vLLM's context-length 400,
 alignment and in-place-edit 400s, the ``assistant_edits`` policy, ``required_prefix_token_ids``, fast and slow
 prefix renders; the abort guard (``vllm_abort``) on both paths Gym calls, with the stock control. Issue 19's
-request classes where they apply to 0.24 (tests/unit/vllm/test_request_limits.py, tests/integration/vllm/
-test_server.py on 0.31): ``required_prefix_token_ids`` without an assistant message, the budget
-clamped on turn 1 and on ``/v1/completions``, ``top_logprobs: null`` refused, NeMo RL's token fields on the message;
-stock 0.24's answers to the same requests as the control.
+request classes (tests/unit/vllm/test_request_limits.py, tests/integration/vllm/test_server.py on 0.31):
+``required_prefix_token_ids`` without an assistant message, the budget clamped on turn 1 and on ``/v1/completions``,
+``top_logprobs: null`` refused, NeMo RL's token fields on the message; the stock release's answers to the same
+requests as the control.
 """
 
 from __future__ import annotations
@@ -35,11 +39,20 @@ from nemo_gym_adapter.vllm import hooks as vllm_hooks
 from nemo_gym_adapter.vllm import patch as vllm_patch
 from tests.support.conversations import TERMINATOR, TOOLS, expected_prompt, follow_up, piecewise, plain_messages
 from tests.support.hostile_ids import HOSTILE_IDS, assert_refused_on_both_routes
+from tests.support.vllm_releases import null_top_logprobs_is_zero, stock_clamps_budget
 
 MAX_MODEL_LEN = 1024
 FAMILIES = ["qwen25", "qwen3", "llama3"]
 TOOL_PARSER = {"qwen25": "hermes", "qwen3": "hermes", "llama3": "llama3_json"}
-HOOK = "vllm.entrypoints.serve.render.serving.OpenAIServingRender.preprocess_chat"
+# Where each release renders chat prompts, written out (not derived from HOOK_TARGETS, which the first case checks).
+EXPECTED_HOOK = {
+    "0.24.0": "vllm.entrypoints.serve.render.serving.OpenAIServingRender.preprocess_chat",
+    "0.33.0": "vllm.renderers.online_renderer.OnlineRenderer.preprocess_chat",
+    "0.34.0": "vllm.renderers.online_renderer.OnlineRenderer.preprocess_chat",
+}
+RELEASE = os.environ.get("NGV_VLLM_RELEASE", "")  # the release this venv must hold (set by the runner)
+STOCK_CLAMPS_BUDGET = bool(RELEASE) and stock_clamps_budget(RELEASE)
+NULL_TOP_LOGPROBS_IS_ZERO = bool(RELEASE) and null_top_logprobs_is_zero(RELEASE)
 # What the scripted model "says": compact JSON (the templates re-render it with spaces), Qwen3 thinks first.
 CALL = {
     "chatml": '<tool_call>\n{"name":"get_weather","arguments":{"city":"%s"}}\n</tool_call>',
@@ -88,6 +101,9 @@ class ScriptedEngine:
     async def get_supported_tasks(self) -> tuple[str, ...]:
         return ("generate",)
 
+    def check_admission(self, n: int = 1, request_id: str | None = None) -> None:
+        """0.33+: queue limits checked before a response starts; an engine without admission control admits all."""
+
     async def generate(self, prompt: dict, sampling_params: Any, request_id: str, **_: Any):
         from vllm.outputs import CompletionOutput, RequestOutput
 
@@ -131,7 +147,7 @@ class Server:
 
         async def go():
             transport = httpx.ASGITransport(app=self.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://vllm024") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://vllm-release") as client:
                 return await client.post(path, json={"model": self.model, **body})
 
         return self.run(go())
@@ -153,49 +169,126 @@ def loop():
 
 
 @pytest.fixture(scope="session")
-def vllm024():
-    """vLLM 0.24's modules, the platform set to CPU (the GPU wheel detects none here), the patch not yet applied."""
+def vllm_release():
+    """The release's modules, the platform set to CPU (the GPU wheel detects none here), the patch not yet applied."""
     import vllm
     import vllm.platforms
     from vllm.platforms.cpu import CpuPlatform
 
-    assert vllm.__version__ == "0.24.0", f"this venv has vLLM {vllm.__version__}, not 0.24.0"
+    assert vllm.__version__ == RELEASE, f"this venv has vLLM {vllm.__version__}, not NGV_VLLM_RELEASE={RELEASE!r}"
+    assert RELEASE in EXPECTED_HOOK, f"vLLM {RELEASE}: write its hook into EXPECTED_HOOK after reading its code"
     vllm.platforms._current_platform = CpuPlatform()  # what resolving it finds on a CPU build of vLLM
     return vllm
 
 
-@pytest.fixture(scope="session")
-def servers(vllm024, loop) -> Callable[[str], Server]:
-    """Factory: ``servers(family)`` -> the real vLLM 0.24 OpenAI app over a ScriptedEngine (built once per family)."""
+def hook_class() -> type:
+    """The class the release's hook lives on (``OpenAIServingRender`` on 0.20-0.24, ``OnlineRenderer`` on 0.25+)."""
+    import importlib
+
+    import vllm
+
+    target = vllm_hooks.hook_target_for(vllm.__version__)
+    return getattr(importlib.import_module(target.module), target.qualname.split(".")[0])
+
+
+def hook_instance(server: Server) -> Any:
+    """The app's instance of :func:`hook_class` (``app.state.openai_serving_render`` on 0.24,
+    ``app.state.online_renderer`` on 0.25+): found by type, not by name."""
+    cls = hook_class()
+    found = [v for v in vars(server.app.state)["_state"].values() if isinstance(v, cls)]
+    assert len(found) == 1, f"{len(found)} {cls.__name__} instances on the app's state"
+    return found[0]
+
+
+def app_parts() -> tuple[Any, Any, Any, Any]:
+    """vLLM's ``make_arg_parser``, ``validate_parsed_serve_args``, ``build_app``, ``init_app_state``: where the
+    release keeps them (they moved: ``entrypoints.openai`` up to 0.24, ``entrypoints.launchers`` from 0.25, the
+    argument parser in ``entrypoints.common`` from 0.33)."""
+    import importlib
+
+    def first(*names: str) -> Any:
+        for name in names:
+            module, _, attr = name.rpartition(".")
+            try:
+                return getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError):
+                continue
+        raise ImportError(f"none of {names} in vLLM {RELEASE}")
+
+    return (
+        first(*(f"vllm.entrypoints.{m}.cli_args.make_arg_parser" for m in ("common", "launchers", "openai"))),
+        first(
+            *(f"vllm.entrypoints.{m}.cli_args.validate_parsed_serve_args" for m in ("common", "launchers", "openai"))
+        ),
+        first("vllm.entrypoints.launchers.app.build_app", "vllm.entrypoints.openai.api_server.build_app"),
+        first(
+            "vllm.entrypoints.launchers.api_server.app_state.init_app_state",
+            "vllm.entrypoints.openai.api_server.init_app_state",
+        ),
+    )
+
+
+def render_only_config(make: Callable[[], Any]) -> Any:
+    """``make()`` (a ``VllmConfig``). From 0.34 ``CpuPlatform.check_and_update_config`` refuses an x86 CPU without
+    triton-cpu ("vLLM on x86 CPUs requires Triton"), which its model runner needs; nothing here runs a model. Only
+    then is the config made again with vLLM's ``HAS_TRITON`` read as true for that one call (the check is the first
+    thing it does), so the releases that merely warn keep their own path."""
+    try:
+        return make()
+    except RuntimeError as e:
+        if "requires Triton" not in str(e):
+            raise
+    import vllm.triton_utils as triton_utils
+
+    saved = triton_utils.HAS_TRITON
+    triton_utils.HAS_TRITON = True
+    try:
+        return make()
+    finally:
+        triton_utils.HAS_TRITON = saved
+
+
+def build_server(family: str, tool_parser: str, loop: Any) -> Server:
+    """The release's real OpenAI app for the tiny ``family`` model, with ``tool_parser``, over a ScriptedEngine."""
     from transformers import AutoTokenizer
     from vllm.config import VllmConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.api_server import build_app, init_app_state
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.renderers import renderer_from_config
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    make_arg_parser, validate_parsed_serve_args, build_app, init_app_state = app_parts()
+    path = str(_model_dir(family))
+    argv = ["--model", path, "--served-model-name", f"tiny-{family}", "--max-model-len", str(MAX_MODEL_LEN)]
+    argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
+    parser = make_arg_parser(FlexibleArgumentParser())
+    if any("--enable-scale-out" in action.option_strings for action in parser._actions):
+        argv.append("--enable-scale-out")  # 0.33+ serves /v1/chat/completions/render only with it (403 otherwise)
+    args = parser.parse_args(argv)
+    validate_parsed_serve_args(args)
+    config = render_only_config(
+        lambda: VllmConfig(model_config=AsyncEngineArgs.from_cli_args(args).create_model_config())
+    )
+    engine = ScriptedEngine(config, renderer_from_config(config), family)
+    app = build_app(args, ("generate",), config.model_config)
+    loop.run_until_complete(init_app_state(engine, app.state, args, ("generate",)))
+    return Server(family, app, engine, AutoTokenizer.from_pretrained(path), loop.run_until_complete)
+
+
+@pytest.fixture(scope="session")
+def servers(vllm_release, loop) -> Callable[[str], Server]:
+    """Factory: ``servers(family)`` -> the release's real OpenAI app over a ScriptedEngine (built once per family)."""
     built: dict[str, Server] = {}
 
     def get(family: str) -> Server:
         if family not in built:
-            path = str(_model_dir(family))
-            argv = ["--model", path, "--served-model-name", f"tiny-{family}", "--max-model-len", str(MAX_MODEL_LEN)]
-            argv += ["--enable-auto-tool-choice", "--tool-call-parser", TOOL_PARSER[family]]
-            args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-            validate_parsed_serve_args(args)
-            config = VllmConfig(model_config=AsyncEngineArgs.from_cli_args(args).create_model_config())
-            engine = ScriptedEngine(config, renderer_from_config(config), family)
-            app = build_app(args, ("generate",), config.model_config)
-            loop.run_until_complete(init_app_state(engine, app.state, args, ("generate",)))
-            built[family] = Server(family, app, engine, AutoTokenizer.from_pretrained(path), loop.run_until_complete)
+            built[family] = build_server(family, TOOL_PARSER[family], loop)
         return built[family]
 
     return get
 
 
 @pytest.fixture
-def patched(vllm024, monkeypatch):
+def patched(vllm_release, monkeypatch):
     """The patch installed (once per process, as in a server), the policy reset to the default for every test."""
     report = vllm_patch.apply_patch()
     monkeypatch.setitem(vllm_hooks.OPTIONS, "assistant_edits", "keep_ids")
@@ -203,16 +296,16 @@ def patched(vllm024, monkeypatch):
 
 
 @pytest.fixture
-def unpatched(vllm024, monkeypatch):
-    """Stock vLLM 0.24 for the duration of a test (the original methods back in place if the patch is installed)."""
+def unpatched(vllm_release, monkeypatch):
+    """The stock release for the duration of a test (the original methods back in place if the patch is installed)."""
     from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
-    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
 
     from nemo_gym_adapter.vllm.abort import GUARD_SENTINEL
 
+    cls = hook_class()
     for name in ("preprocess_chat", "preprocess_completion"):
-        current = getattr(OpenAIServingRender, name)
-        monkeypatch.setattr(OpenAIServingRender, name, getattr(current, vllm_hooks.SENTINEL, current))
+        current = getattr(cls, name)
+        monkeypatch.setattr(cls, name, getattr(current, vllm_hooks.SENTINEL, current))
     current = OpenAIServingChat.chat_completion_full_generator
     monkeypatch.setattr(OpenAIServingChat, "chat_completion_full_generator", getattr(current, GUARD_SENTINEL, current))
 
@@ -299,11 +392,9 @@ def _two_turns(
 # ------------------------------------------------------------------------------------------------ the cases
 
 
-def test_patch_installs_on_vllm_0_24s_render_hook(patched):
-    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
-
-    assert (patched.vllm_version, patched.hook) == ("0.24.0", HOOK)
-    assert getattr(OpenAIServingRender.preprocess_chat, vllm_hooks.SENTINEL, None) is not None
+def test_patch_installs_on_the_releases_render_hook(patched):
+    assert (patched.vllm_version, patched.hook) == (RELEASE, EXPECTED_HOOK[RELEASE])
+    assert getattr(hook_class().preprocess_chat, vllm_hooks.SENTINEL, None) is not None
     assert vllm_patch.is_patched() and vllm_patch.apply_patch().already_patched
 
 
@@ -311,7 +402,7 @@ def test_patch_installs_on_vllm_0_24s_render_hook(patched):
 def test_unpatched_control_loses_the_token_history(servers, unpatched, family):
     conv = Conversation(servers(family)).run()
     assert len(conv.history_kept()) == len(SCRIPT) - 1
-    assert not all(conv.history_kept()), "stock vLLM 0.24 kept the history: the control shows nothing"
+    assert not all(conv.history_kept()), "stock vLLM kept the history: the control shows nothing"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -336,8 +427,8 @@ def test_requests_without_ids_are_left_to_vllm(servers, patched):
 
 
 @pytest.mark.parametrize("fast", [True, False])
-def test_fast_and_slow_prefix_renders_agree_on_vllm_0_24(servers, patched, monkeypatch, fast):
-    """The fast path calls vLLM's renderer directly (``render_messages_async``, ``build_chat_params``): on 0.24 it
+def test_fast_and_slow_prefix_renders_agree(servers, patched, monkeypatch, fast):
+    """The fast path calls vLLM's renderer directly (``render_messages_async``, ``build_chat_params``): on the release it
     must be taken (not silently fall back), and the slow path (the hook again, ``parser=None``) must agree."""
     server = servers("qwen25")
     messages, history = _two_turns(server, tools=TOOLS)
@@ -360,14 +451,21 @@ def test_fast_and_slow_prefix_renders_agree_on_vllm_0_24(servers, patched, monke
 
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 def test_budget_is_clamped_where_stock_vllm_would_reject(servers, patched, monkeypatch, field):
+    """A prompt that fits with a budget that does not: up to 0.31 stock vLLM answers 400 (the patch clamps instead);
+    from 0.32 vLLM no longer holds the budget back from the prompt's room and clamps it itself (``get_max_tokens``),
+    to what the patch clamps it to -- the control asserts whichever the release does."""
     server = servers("qwen25")
     messages, _ = _two_turns(server, pad_words=MAX_MODEL_LEN - 250)
-    with monkeypatch.context() as m:  # stock vLLM: prompt + 400 > max_model_len is a 400
-        from vllm.entrypoints.serve.render.serving import OpenAIServingRender
-
-        m.setattr(OpenAIServingRender, "preprocess_chat", OpenAIServingRender.preprocess_chat.__ngv_original__)
+    with monkeypatch.context() as m:
+        cls = hook_class()
+        m.setattr(cls, "preprocess_chat", cls.preprocess_chat.__ngv_original__)
         stock = server.chat(plain_messages(messages), **{field: 400})
-    assert stock.status_code == 400, stock.text
+    if STOCK_CLAMPS_BUDGET:
+        assert stock.status_code == 200, stock.text
+        stock_len = len(stock.json()["prompt_token_ids"])
+        assert server.engine.calls[-1][1].max_tokens == MAX_MODEL_LEN - stock_len < 400
+    else:
+        assert stock.status_code == 400, stock.text
     r = server.chat(messages, **{field: 400})
     assert r.status_code == 200, r.text
     prompt_len = len(r.json()["prompt_token_ids"])
@@ -480,17 +578,15 @@ def test_request_chat_template_kwargs_reach_the_prefix_render(servers, patched):
 def test_harmony_models_bypass_the_hook_so_ids_on_them_are_a_400(servers, patched, monkeypatch):
     """GPT-OSS renders through openai_harmony in ``render_chat`` and never reaches ``preprocess_chat``: the ids would
     be ignored in silence. The patch guards ``render_chat``; the harmony render itself is not run (it downloads its
-    encoding), the bypass is shown in 0.24's source instead."""
+    encoding), the bypass is shown in the release's source instead."""
     import inspect
 
-    from vllm.entrypoints.serve.render.serving import OpenAIServingRender
-
-    original = getattr(OpenAIServingRender.render_chat, vllm_hooks.SENTINEL)
+    original = getattr(hook_class().render_chat, vllm_hooks.SENTINEL)
     source = inspect.getsource(original)
     assert "if not self.use_harmony:" in source and "self._make_request_with_harmony(" in source
     server = servers("qwen25")
-    monkeypatch.setattr(server.app.state.openai_serving_render, "use_harmony", True)
-    messages, _ = _two_turns(server)
+    messages, _ = _two_turns(server)  # the tiny model's ids, before the flag (0.33+'s /tokenize renders harmony then)
+    monkeypatch.setattr(hook_instance(server), "use_harmony", True)
     r = server.chat(messages, max_tokens=4)
     assert r.status_code == 400, r.text
     assert "openai_harmony" in r.text and "messages[1]" in r.text
@@ -498,7 +594,7 @@ def test_harmony_models_bypass_the_hook_so_ids_on_them_are_a_400(servers, patche
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_an_aborted_generation_is_a_503_when_patched_and_a_cut_200_when_stock(servers, patched, monkeypatch, path):
-    """The abort guard on vLLM 0.24's real serving classes and FastAPI routes (the engine ends the request with
+    """The abort guard on the release's real serving classes and FastAPI routes (the engine ends the request with
     ``finish_reason="abort"``) for a turn that is not resumed (partial rollouts off): patched, a 503 naming the
     abort and counted; stock (the guard's originals put back), the cut text as a 200 success."""
     from nemo_gym_adapter.vllm import abort as vllm_abort
@@ -519,7 +615,7 @@ def test_an_aborted_generation_is_a_503_when_patched_and_a_cut_200_when_stock(se
     assert r.json()["error"]["message"] == vllm_abort.ABORT_MESSAGE, r.text
     assert vllm_abort.aborted_total() == before + 1
 
-    for target in vllm_abort.ABORT_GUARD_TARGETS:  # stock vLLM 0.24 for the control
+    for target in vllm_abort.ABORT_GUARD_TARGETS:  # the stock release for the control
         import importlib
 
         class_name, method_name = target.qualname.split(".")
@@ -549,9 +645,9 @@ def _choice(path: str, body: dict) -> tuple[list[int], list[float], str]:
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_an_aborted_generation_resumes_from_its_own_tokens(servers, patched, monkeypatch, path):
-    """Partial rollouts on vLLM 0.24's real serving classes: the engine cuts the turn after 3 tokens (a pause); the
+    """Partial rollouts on the release's real serving classes: the engine cuts the turn after 3 tokens (a pause); the
     patch asks the same engine for the rest with prompt + those 3 tokens and what the budget had left, and answers
-    one completion: every id once, each segment's log-probs, the whole text (replayed by 0.24's own detokenizer)."""
+    one completion: every id once, each segment's log-probs, the whole text (replayed by the release's own detokenizer)."""
     from nemo_gym_adapter.vllm import resume as vllm_resume
 
     server = servers("qwen25")
@@ -577,7 +673,7 @@ def test_an_aborted_generation_resumes_from_its_own_tokens(servers, patched, mon
 
 def test_a_stop_string_across_the_seam_ends_the_answer_where_vllm_would(servers, patched, monkeypatch):
     """``stop: ["weather in"]``, the turn cut between "weather" and " in": neither segment's own check can match it;
-    the answer ends at the token that completed it, the text before it, as 0.24's detokenizer ends a whole turn."""
+    the answer ends at the token that completed it, the text before it, as the release's detokenizer ends a whole turn."""
     from nemo_gym_adapter.vllm import resume as vllm_resume
 
     server = servers("qwen25")
@@ -642,10 +738,17 @@ def test_completions_budget_is_clamped(servers, patched):
     assert params.max_tokens == MAX_MODEL_LEN - len(prompt["prompt_token_ids"])
 
 
-def test_top_logprobs_null_is_a_400_naming_it(servers, patched):
+def test_top_logprobs_null_is_a_400_naming_it_where_vllm_would_drop_the_log_probs(servers, patched):
+    """Up to 0.31 vLLM answers ``top_logprobs: null`` without log-probs (Gym #1612): the patch refuses it. From 0.32
+    vLLM reads the null as 0 before any hook runs, so the request is served with the sampled tokens' log-probs."""
     server = servers("qwen25")
     r = server.chat([{"role": "user", "content": "hi"}], max_tokens=2, logprobs=True, top_logprobs=None)
-    assert r.status_code == 400 and "top_logprobs" in r.json()["error"]["message"], r.text
+    if NULL_TOP_LOGPROBS_IS_ZERO:
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert len(choice["logprobs"]["content"]) == len(choice["token_ids"]) > 0, r.text
+    else:
+        assert r.status_code == 400 and "top_logprobs" in r.json()["error"]["message"], r.text
 
 
 def test_token_fields_on_the_message_as_nemo_rl_serves_them(servers, patched):
@@ -664,16 +767,19 @@ def test_token_fields_on_the_message_as_nemo_rl_serves_them(servers, patched):
     )
 
 
-def test_stock_0_24_answers_these_requests_the_way_issue_19_describes(servers, unpatched):
-    """The control of the issue-19 cases above: stock vLLM 0.24 refuses a turn-1 budget over the context, answers
-    ``top_logprobs: null`` with a 200 whose log-probs are missing, and puts no token fields on the message."""
+def test_the_stock_release_answers_these_requests_the_way_issue_19_describes(servers, unpatched):
+    """The control of the issue-19 cases above: the stock release refuses a turn-1 budget over the context, answers
+    ``top_logprobs: null`` with a 200 whose log-probs are missing (up to 0.31; from 0.32 with them, as patched), and
+    puts no token fields on the message."""
     server = servers("qwen25")
     hi = [{"role": "user", "content": "hi"}]
     assert server.chat(hi, max_tokens=10 * MAX_MODEL_LEN).status_code == 400
     r = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 10 * MAX_MODEL_LEN})
     assert r.status_code == 400, r.text
     r = server.chat(hi, max_tokens=2, logprobs=True, top_logprobs=None)
-    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
+    assert r.status_code == 200, r.text
+    logprobs = r.json()["choices"][0]["logprobs"]
+    assert (logprobs is not None) == NULL_TOP_LOGPROBS_IS_ZERO, r.text
     r = server.chat(hi, max_tokens=3, logprobs=True, top_logprobs=0)
     assert r.status_code == 200 and "generation_token_ids" not in r.json()["choices"][0]["message"], r.text
 
@@ -691,9 +797,9 @@ def test_hostile_ids_are_one_400_on_chat_and_tokenize_alike(servers, patched, wh
     assert len(server.engine.calls) == calls  # nothing reached the engine
 
 
-def test_the_access_guard_refuses_every_route_of_vllm_0_24s_app_without_the_key(servers, patched):
-    """The guard (``nemo_gym_adapter.access.guard``) on vLLM 0.24's real app: every route it serves answers 401
-    without the run's key, before any route runs (0.24's own ``--api-key`` leaves all but /v1, /v2 and
+def test_the_access_guard_refuses_every_route_of_the_releases_app_without_the_key(servers, patched):
+    """The guard (``nemo_gym_adapter.access.guard``) on the release's real app: every route it serves answers 401
+    without the run's key, before any route runs (vLLM's own ``--api-key`` leaves all but /v1, /v2 and
     /inference open); with the key the routes answer as before; removed, the app is open again (the control)."""
     import httpx
 
@@ -706,7 +812,7 @@ def test_the_access_guard_refuses_every_route_of_vllm_0_24s_app_without_the_key(
     def status(path: str, headers: dict | None = None) -> int:
         async def go():
             transport = httpx.ASGITransport(app=server.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://vllm024") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://vllm-release") as client:
                 return (await client.post(path.replace("{", "x").replace("}", ""), headers=headers)).status_code
 
         return server.run(go())
@@ -723,4 +829,4 @@ def test_the_access_guard_refuses_every_route_of_vllm_0_24s_app_without_the_key(
         assert status("/tokenize", {"Authorization": "Bearer the-run-key"}) != 401
     finally:
         guard.remove_guard()
-    assert status("/health") != 401  # the control: without the guard, 0.24 answers without a key
+    assert status("/health") != 401  # the control: without the guard, the app answers without a key

@@ -1,7 +1,7 @@
-"""The ``ngv_json`` tool parser against vLLM 0.24's real classes (run in ``.cache/vllm024-venv`` by
-tests/integration/vllm/test_tool_parser.py; not collected by the trainer venv's pytest).
+"""The ``ngv_json`` tool parser against a vLLM release's real classes (run in each ``stubbed`` release's venv, 0.24.0,
+0.33.0 and 0.34.0, by tests/integration/vllm/test_vllm_releases.py; not collected by the trainer venv's pytest).
 
-Real: vLLM 0.24.0's FastAPI app built with ``--enable-auto-tool-choice --tool-call-parser ngv_json`` the way verl
+Real: the release's FastAPI app built with ``--enable-auto-tool-choice --tool-call-parser ngv_json`` the way verl
 builds it (``build_app`` + ``init_app_state``, no ``--tool-parser-plugin``), the parser registered by our vLLM general
 plugin's function (``plugin.register_tool_parsers``), ``OpenAIServingChat`` and vLLM's tool-parser registry. Stubbed:
 the engine (``hook_cases.ScriptedEngine``: "generates" the scripted text). Each model output below comes back as an
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.conversations import TOOLS
-from tests.vllm024.hook_cases import MAX_MODEL_LEN, ScriptedEngine, Server, _model_dir, loop, vllm024  # noqa: F401
+from tests.vllm_releases.hook_cases import Server, build_server, loop, vllm_release  # noqa: F401
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 SCHEMA_ECHO = '{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}'
@@ -35,16 +35,8 @@ OUTPUTS = [
 
 
 @pytest.fixture(scope="session")
-def parser_server(vllm024, loop):  # noqa: F811
-    """Factory: the real 0.24 app over a ScriptedEngine with the given tool parser (built once per parser)."""
-    from transformers import AutoTokenizer
-    from vllm.config import VllmConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.api_server import build_app, init_app_state
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    from vllm.renderers import renderer_from_config
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
+def parser_server(vllm_release, loop):  # noqa: F811
+    """Factory: the release's real app over a ScriptedEngine with the given tool parser (built once per parser)."""
     from nemo_gym_adapter.vllm.plugin import register_tool_parsers
 
     register_tool_parsers()  # what the general plugin does in verl's server actor (vllm.tool_parsers is imported)
@@ -52,16 +44,7 @@ def parser_server(vllm024, loop):  # noqa: F811
 
     def get(parser: str) -> Server:
         if parser not in built:
-            path = str(_model_dir("qwen25"))
-            argv = ["--model", path, "--served-model-name", "tiny-qwen25", "--max-model-len", str(MAX_MODEL_LEN)]
-            argv += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
-            args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-            config = VllmConfig(model_config=AsyncEngineArgs.from_cli_args(args).create_model_config())
-            engine = ScriptedEngine(config, renderer_from_config(config), "qwen25")
-            app = build_app(args, ("generate",), config.model_config)
-            loop.run_until_complete(init_app_state(engine, app.state, args, ("generate",)))
-            server = Server("qwen25", app, engine, AutoTokenizer.from_pretrained(path), loop.run_until_complete)
-            built[parser] = server
+            built[parser] = build_server("qwen25", parser, loop)
         return built[parser]
 
     return get
