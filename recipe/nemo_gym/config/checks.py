@@ -16,6 +16,7 @@ value and the fix, so that :func:`~recipe.nemo_gym.config.load.load_config` repo
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 MASKED_GRPO = (
@@ -210,8 +211,26 @@ def check_ray_dashboard(include_dashboard: Any, ray_dashboard: bool, problems: l
         )
 
 
+STOCK_CLAMP_FROM = (0, 32)  # the first vLLM release whose stock server clamps a budget that does not fit
+
+
+def stock_vllm_clamps_budgets(vllm_version: str | None) -> bool:
+    """True for a vLLM release whose stock server clamps ``max_tokens`` to the room left (0.32 on; 0.24-0.31 answer
+    400). ``0.31.0+cpu`` reads as 0.31; an unreadable or unknown version as False."""
+    if not vllm_version:
+        return False
+    parts = re.findall(r"\d+", vllm_version)[:2]
+    if len(parts) < 2:
+        return False
+    return (int(parts[0]), int(parts[1])) >= STOCK_CLAMP_FROM
+
+
 def stock_budget_warning(
-    patch_vllm: bool, prompt_length: int, response_length: int, max_model_len: int | None
+    patch_vllm: bool,
+    prompt_length: int,
+    response_length: int,
+    max_model_len: int | None,
+    vllm_version: str | None = None,
 ) -> str | None:
     """Without the patch (``nemo_gym.patch_vllm: false``), stock vLLM refuses a model call whose prompt plus its
     ``max_tokens`` -- every call asks for the whole response budget -- passes ``max_model_len``, and Gym records the
@@ -219,8 +238,11 @@ def stock_budget_warning(
     budget to the room left instead. Measured on the calculator task (docs/TOKEN_PATCH.md): with 640 + 512 tokens in
     1,152, 74-94 % of the patch-off rollouts were lost that way. The room a later call needs is the prompt, the
     response budget already used and one more call's budget: a warning, not an error, since a run whose later turns are
-    short may never reach it."""
-    if patch_vllm or max_model_len is None:
+    short may never reach it.
+
+    From vLLM 0.32 stock vLLM clamps such a budget itself (docs/VLLM_RELEASES.md): no trap, no warning. ``vllm_version``
+    is the installed release (None: unknown, warned as the older releases behave)."""
+    if patch_vllm or max_model_len is None or stock_vllm_clamps_budgets(vllm_version):
         return None
     needed = prompt_length + 2 * response_length
     if max_model_len >= needed:

