@@ -54,6 +54,7 @@ from typing import Any
 import ray
 from omegaconf import OmegaConf
 
+from nemo_gym_adapter.console.startup import TIMELINE
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from recipe.nemo_gym.algorithms import (  # masked_grpo registers verl's masked_grpo estimator
@@ -175,6 +176,10 @@ class NemoGymTrainerMixin:
 
         storage.write_generations(PPOTrainer._write_generations, *args)
 
+    def on_init_end(self) -> Any:
+        TIMELINE.mark("weights")  # verl's set-up done; the sync trainer's first weight sync next
+        return super().on_init_end()  # type: ignore[misc]
+
     def fit(self, agent_loop_manager: Any) -> Any:
         rollout_correction.install()
         return super().fit(agent_loop_manager)  # type: ignore[misc]
@@ -205,6 +210,10 @@ class NemoGymTrainerMixin:
 
     def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         out = super()._compute_metrics(batch, metrics, *args, **kwargs)  # type: ignore[misc]
+        timing = args[0] if args and isinstance(args[0], dict) else kwargs.get("timing_raw") or {}
+        first = TIMELINE.first_step(timing)
+        if first is not None:
+            print(f"[nemo-gym-verl] {first}", flush=True)
         drain = getattr(getattr(self, "agent_loop_manager", None), "drain_metrics", None)
         if drain is not None:
             metrics.update(drain())
@@ -302,6 +311,8 @@ class NemoGymTaskRunnerV1Impl:
         from verl.trainer.ppo.v1 import get_trainer_cls
         from verl.utils.logging_utils import configure_verl_logging
 
+        TIMELINE.mark_process_start()
+        TIMELINE.mark("run")
         configure_verl_logging()
         forbid_ray_auto_init()
         print(
@@ -330,8 +341,12 @@ class NemoGymTaskRunnerV1Impl:
         succeeded = False
         try:
             self.trainer = trainer_cls(config=config)
+            TIMELINE.mark("init")  # TransferQueue up, datasets read: verl's workers and replicas next
             self.trainer.init()
+            TIMELINE.mark("ready")
             self.init_agent_loop_manager()
+            TIMELINE.mark("gym")
+            print(f"[nemo-gym-verl] {TIMELINE.summary()}", flush=True)
             self.trainer.fit(self.agent_loop_manager)
             succeeded = True
         finally:
