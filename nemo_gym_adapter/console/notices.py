@@ -1,18 +1,19 @@
 """A training run's console without the start-up notices nobody can act on.
 
-A CPU run of the recipe printed ~270 lines before this, ~50 of them warnings: every process that imports vLLM
-(the TaskRunner, verl's actor worker, the rollout server and its engine core) announced that Triton has no CPU
-backend, that an optional DeepSelect extension is missing, that torchvision is not installed, that tcmalloc is not
-preloaded, that eager mode disables torch.compile...; verl printed its progress as INFO lines, the vLLM command line
-one argument per line, and an ``update_weights done`` line every step. Between them, verl's progress bar, the metrics
-of each step and a real warning were hard to find.
+A CPU demo of the recipe printed ~240-270 lines, ~50 of them with "warn": every process that imported vLLM announced
+that Triton has no CPU backend, that an optional DeepSelect extension is missing, that torchvision is not installed;
+vLLM's engine, that tcmalloc is not preloaded, that eager mode disables torch.compile...; verl printed its progress
+as INFO lines, the vLLM command line one argument per line, and an ``update_weights done`` line every step. Between
+them, verl's progress bar, the metrics of each step and a real warning were hard to find.
 
-What cannot be turned off where it is printed (a setting or a logger level; ``recipe.nemo_gym.main`` and the CPU
-replica do that first) is left out here: :class:`QuietStream` wraps the driver's ``sys.stdout``/``sys.stderr``, which
-is where Ray forwards every worker's output too, and drops the lines that contain one of :data:`KNOWN` -- each with
-who prints it and why it is harmless on this path. Everything else passes unchanged: an unknown warning, an error, a
-traceback, verl's progress bar and metrics, our own lines. Nothing is lost: Ray keeps every worker's full output in
-its session's ``logs/`` directory, and ``NGV_CONSOLE=full`` turns the filter off (:func:`quiet_console`).
+What a setting turns off is turned off where it is printed (``recipe.nemo_gym.trainer.console``: verl's log level,
+Python's warning filters; the CPU replica: the command line; ``recipe.nemo_gym.cpu.registry``: vLLM imported only
+where it is used). The rest is left out here: :class:`QuietStream` wraps the driver's ``sys.stdout``/``sys.stderr``,
+where Ray prints every worker's output too (``ray._private.worker.print_to_stdstream`` looks them up at each call),
+and drops the lines that contain one of :data:`KNOWN` -- each with who prints it and why it is harmless on this path.
+Everything else passes unchanged: an unknown warning, an error, a traceback, verl's progress bar and metrics, our own
+lines. Nothing is lost: Ray keeps every worker's full output in its session's ``logs/`` directory, and
+``NGV_CONSOLE=full`` turns the filter off (:func:`quiet_console`).
 """
 
 from __future__ import annotations
