@@ -11,13 +11,18 @@ no setting turns off.
   process, ``worker group kwargs``, ``all initialize finished, ready to fit``...) and an ``update_weights done``
   line every step; the start-up line of :mod:`nemo_gym_adapter.console.startup` says where the start-up went. verl's
   warnings and errors are kept; ``VERL_LOGGING_LEVEL=INFO`` brings the rest back;
+- ``TQ_LOGGING_LEVEL=WARNING``: TransferQueue's actors log request statistics at INFO every 5 minutes (a dozen
+  lines each time, per actor);
 - ``PYTHONWARNINGS``: :data:`WARNING_NOTICES` appended (and the same filters in this process: :func:`quiet_driver`);
 - :data:`~nemo_gym_adapter.console.startup.LAUNCH_T0_ENV`: this process's start, the first mark of the start-up line.
+
+In verl's TaskRunner, :func:`quiet_validation_dumps` sends verl's pretty-printed validation metrics to DEBUG.
 """
 
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import re
 import warnings
@@ -43,6 +48,9 @@ WARNING_NOTICES: tuple[str, ...] = (
 )
 VERL_ENGINE_NOTICES = WARNING_NOTICES[0]
 VERL_LOGGING_LEVEL = "WARN"
+TQ_LOGGING_LEVEL = "WARNING"
+
+logger = logging.getLogger(__name__)
 
 
 def quiet_env(cfg: DictConfig) -> dict[str, str]:
@@ -56,8 +64,9 @@ def quiet_env(cfg: DictConfig) -> dict[str, str]:
     extra: dict[str, str] = {LAUNCH_T0_ENV: launch_t0()}
     if "TQ_NUM_THREADS" not in current and "TQ_NUM_THREADS" not in os.environ:
         extra["TQ_NUM_THREADS"] = str(max(1, min(8, psutil.cpu_count(logical=False) or 1)))
-    if "VERL_LOGGING_LEVEL" not in current and "VERL_LOGGING_LEVEL" not in os.environ:
-        extra["VERL_LOGGING_LEVEL"] = VERL_LOGGING_LEVEL
+    for name, value in (("VERL_LOGGING_LEVEL", VERL_LOGGING_LEVEL), ("TQ_LOGGING_LEVEL", TQ_LOGGING_LEVEL)):
+        if name not in current and name not in os.environ:
+            extra[name] = value
     filters = [f for f in (current.get("PYTHONWARNINGS") or os.environ.get("PYTHONWARNINGS", "")).split(",") if f]
     missing = [f for f in WARNING_NOTICES if f not in filters]
     if missing:
@@ -79,3 +88,28 @@ def quiet_driver() -> None:
             category=getattr(builtins, category) if category else Warning,
             module=re.escape(module),  # the module and its submodules
         )
+
+
+VALIDATION_DUMPS = ("Initial validation metrics", "Final validation metrics")
+
+
+def quiet_validation_dumps() -> bool:
+    """verl's v1 trainer ``pprint``s its validation metrics before training and after the last step as one Python
+    dict (~120 console lines for one environment); the same metrics are in that step's metrics line (verl's console
+    logger: step 0, the last step). In this process (the TaskRunner) they go to this module's logger at DEBUG; any
+    other ``pprint`` of that module prints as before. True when installed (idempotent)."""
+    import verl.trainer.ppo.v1.trainer_base as trainer_base
+
+    real = getattr(trainer_base, "pprint", None)
+    if real is None or getattr(real, "ngv_quiet", False):
+        return False
+
+    def pprint(obj: object, *args: object, **kwargs: object) -> None:
+        if isinstance(obj, str) and obj.startswith(VALIDATION_DUMPS):
+            logger.debug("%s", obj)
+            return
+        real(obj, *args, **kwargs)
+
+    pprint.ngv_quiet = True  # type: ignore[attr-defined]
+    trainer_base.pprint = pprint
+    return True

@@ -73,6 +73,7 @@ from recipe.nemo_gym.trainer.async_modes import (
     quiet_separate_async_info_log,
     warn_unguarded_aborts,
 )
+from recipe.nemo_gym.trainer.console import quiet_validation_dumps
 from recipe.nemo_gym.trainer.task_runner import env_weighted_sampler
 
 logger = logging.getLogger(__name__)
@@ -326,6 +327,7 @@ class NemoGymTaskRunnerV1Impl:
         gdpo.install()  # verl's gdpo gets the reward components on this trainer (recipe.nemo_gym.algorithms.gdpo)
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
+        quiet_validation_dumps()  # the same metrics are in step 0's and the last step's metrics line
         warn_unguarded_aborts(config)
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)

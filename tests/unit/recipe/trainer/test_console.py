@@ -24,14 +24,16 @@ def _env(cfg) -> dict[str, str]:
 
 
 def test_the_defaults_reach_every_ray_worker_and_a_users_value_wins(monkeypatch):
-    for name in ("TQ_NUM_THREADS", "PYTHONWARNINGS", "VERL_LOGGING_LEVEL"):
+    for name in ("TQ_NUM_THREADS", "PYTHONWARNINGS", "VERL_LOGGING_LEVEL", "TQ_LOGGING_LEVEL"):
         monkeypatch.delenv(name, raising=False)
     cfg = _cfg({"A": "1"})
     console.quiet_env(cfg)
     env = _env(cfg)
     assert 1 <= int(env["TQ_NUM_THREADS"]) <= 8 and env["A"] == "1"
     assert env["PYTHONWARNINGS"] == ",".join(console.WARNING_NOTICES)
-    assert env["VERL_LOGGING_LEVEL"] == "WARN" and float(env[LAUNCH_T0_ENV]) > 0
+    assert (
+        env["VERL_LOGGING_LEVEL"] == "WARN" and env["TQ_LOGGING_LEVEL"] == "WARNING" and float(env[LAUNCH_T0_ENV]) > 0
+    )
     mine = {"TQ_NUM_THREADS": "3", "PYTHONWARNINGS": "error::DeprecationWarning", "VERL_LOGGING_LEVEL": "INFO"}
     cfg = _cfg(dict(mine))
     console.quiet_env(cfg)
@@ -84,3 +86,16 @@ def test_the_driver_gets_the_same_filters():
         for text, cat in KNOWN_WARNINGS + REAL_WARNINGS:
             warnings.warn(text, _CATEGORY[cat], stacklevel=1)
     assert [str(w.message) for w in caught] == [text for text, _ in REAL_WARNINGS]
+
+
+def test_verls_validation_dumps_go_to_debug_and_any_other_pprint_of_its_trainer_still_prints(monkeypatch, capsys):
+    import verl.trainer.ppo.v1.trainer_base as trainer_base
+
+    monkeypatch.setattr(trainer_base, "pprint", trainer_base.pprint)  # put back after the test
+    trainer_base.pprint("Initial validation metrics: {'val-core/x': 0.5}")  # the control: verl prints it
+    assert "Initial validation metrics" in capsys.readouterr().out
+    assert console.quiet_validation_dumps() and not console.quiet_validation_dumps()  # idempotent
+    trainer_base.pprint("Initial validation metrics: {'val-core/x': 0.5}")
+    trainer_base.pprint("Final validation metrics: None")
+    trainer_base.pprint({"something": "else"})
+    assert capsys.readouterr().out == "{'something': 'else'}\n"
