@@ -168,7 +168,13 @@ class NemoGymTrainerMixin:
 
     def _save_checkpoint(self) -> Any:
         """verl's checkpoint; a full disk leaves the previous one loadable and ends the run naming the path."""
+        _say(storage.saving_line(self))  # verl's own line is INFO (recipe.nemo_gym.trainer.console)
         return storage.save_checkpoint(self, super()._save_checkpoint)  # type: ignore[misc]
+
+    def _load_checkpoint(self) -> Any:
+        out = super()._load_checkpoint()  # type: ignore[misc]
+        _say(storage.resuming_line(self))
+        return out
 
     @staticmethod
     def _write_generations(*args: Any) -> None:
@@ -219,6 +225,11 @@ class NemoGymTrainerMixin:
         if drain is not None:
             metrics.update(drain())
         return out
+
+
+def _say(line: str | None) -> None:
+    if line:
+        print(line, flush=True)
 
 
 def _token_turns(tq: Any, batch: Any) -> Any:
