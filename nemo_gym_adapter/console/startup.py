@@ -7,8 +7,9 @@ time, which ``recipe.nemo_gym.main`` puts in the Ray runtime env), so the first 
 ``ray.init`` and the start of the TaskRunner's process. A phase whose two marks are not both there (a GPU run has no
 CPU replica marks; a trainer path that does not mark one) is left out of the line, never guessed.
 
-Marks, in order: ``launch`` (the driver's start), ``taskrunner`` (the TaskRunner process's start), ``run`` (its
-``run`` entered: imports done), ``init`` (TransferQueue up, datasets read: verl's worker set-up next), ``engine`` /
+Marks, in order: ``launch`` (the driver's start), ``taskrunner`` (the TaskRunner process's start: a worker Ray may
+have started ahead, so "driver and Ray" can end before the TaskRunner was asked for), ``run`` (its ``run`` entered:
+``import verl`` and the CPU backend's modules done), ``init`` (TransferQueue up, datasets read: verl's worker set-up next), ``engine`` /
 ``engine_ready`` (the first CPU vLLM replica's launch, the last one's end), ``weights`` (verl's set-up done, the first
 weight sync next), ``ready`` (verl ready to fit), ``gym`` (the rollout manager up: replicas found and patched, Gym
 started), ``first_step`` (step 1's metrics).
@@ -25,7 +26,7 @@ LAUNCH_T0_ENV = "NGV_LAUNCH_T0"
 #: (label, from mark, to mark), in start-up order.
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("driver and Ray", "launch", "taskrunner"),
-    ("TaskRunner imports", "taskrunner", "run"),
+    ("TaskRunner start", "taskrunner", "run"),
     ("TransferQueue and data", "run", "init"),
     ("actor workers", "init", "engine"),
     ("vLLM engine", "engine", "engine_ready"),

@@ -26,7 +26,7 @@ def test_every_phase_with_both_marks_in_order_and_the_total_from_the_launch():
     timeline.mark("gym", 186.0)
     timeline.note("rollout manager and Gym", "Gym 12.5 s")
     assert timeline.summary() == (
-        "start-up 86.0 s: driver and Ray 8.5 s, TaskRunner imports 10.5 s, TransferQueue and data 11.0 s, "
+        "start-up 86.0 s: driver and Ray 8.5 s, TaskRunner start 10.5 s, TransferQueue and data 11.0 s, "
         "actor workers 9.0 s, vLLM engine 24.0 s, replica wiring 0.5 s, first weight sync 0.5 s, "
         "rollout manager and Gym 22.0 s (Gym 12.5 s)"
     )
@@ -34,7 +34,7 @@ def test_every_phase_with_both_marks_in_order_and_the_total_from_the_launch():
 
 def test_a_phase_without_both_marks_is_left_out_and_the_total_starts_at_this_process_without_a_launch():
     timeline = _timeline({"taskrunner": 10.0, "run": 15.0, "ready": 40.0, "gym": 52.0})  # a GPU run: no engine
-    assert timeline.summary() == "start-up 42.0 s: TaskRunner imports 5.0 s, rollout manager and Gym 12.0 s"
+    assert timeline.summary() == "start-up 42.0 s: TaskRunner start 5.0 s, rollout manager and Gym 12.0 s"
     assert StartupTimeline().summary() == "start-up"
 
 
