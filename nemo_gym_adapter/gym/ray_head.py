@@ -119,6 +119,10 @@ def head_env(
     # spin-up, where those imports compete for the CPUs; Gym's servers only connect at start-up, so workers start
     # when a Gym server first submits Ray work instead (``nemo_gym.env`` can set it back to 1).
     env.setdefault("RAY_prestart_worker_first_driver", "0")
+    # On SIGTERM, ``ray start --block`` (Ray 2.60) first drains the node for Ray Serve, polling for up to 30 s; Gym runs
+    # no Serve, and our stop SIGKILLs the head after STOP_TIMEOUT_S: every run's end waited those seconds out and
+    # killed the head instead of letting it tear its processes down. 0 = Ray's immediate teardown.
+    env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     return env
 
 

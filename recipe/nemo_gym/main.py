@@ -31,6 +31,7 @@ covers this run should the driver be SIGKILLed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -44,12 +45,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from nemo_gym_adapter.access import key as access_key
+from nemo_gym_adapter.console.notices import quiet_console
 from nemo_gym_adapter.errors import AdapterConfigError, DatasetError, ServerDownError, SetupError, StorageError
 from nemo_gym_adapter.runtime import paths, reaper
 from recipe.nemo_gym.config import checks
 from recipe.nemo_gym.config.load import load_config
 from recipe.nemo_gym.config.resolvers import register_resolvers
 from recipe.nemo_gym.trainer.access import prepare_access
+from recipe.nemo_gym.trainer.console import quiet_driver, quiet_env
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +99,8 @@ def run(cfg: DictConfig) -> int:
         logger.warning("stopped %d process(es) a trainer that died on this node left behind: %s", len(swept), swept)
     run_dir = _prepare_run_dir(cfg)
     metrics_path = _file_logger_path(cfg, run_dir)
-    _quiet_console(cfg)
+    quiet_env(cfg)  # settings that keep the console to what a user may act on, in every Ray worker
+    quiet_driver()
     if access.key is not None and recipe.rollout_name == "sglang":
         _load_in_workers(cfg, SGLANG_KEYED_CLIENT)  # verl's own HTTP client of SGLang sends the key too
     _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
@@ -107,6 +111,8 @@ def run(cfg: DictConfig) -> int:
     _reinstall_after_ray_init(_exit_on_sigterm)
     if access.key is not None:
         _after_ray_init(access_key.post_init_publisher(access.key), "ngv_publish_rollout_key")
+    console = contextlib.ExitStack()  # this process's and every Ray worker's output, known notices left out
+    console.enter_context(quiet_console())
     try:
         from verl.trainer.main_ppo import run_ppo
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -127,6 +133,7 @@ def run(cfg: DictConfig) -> int:
         sweep_gym(run_dir)
         access.restore()
         _shutdown_ray()
+        console.close()
         if _TERMINATED:  # everything is stopped: now end as a SIGTERMed process does (status 143; Popen: -15)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
@@ -213,40 +220,6 @@ def _write_reward_curve(metrics_path: Path) -> None:
         logger.warning("no reward curve written: %s", e)
         return
     print("\n".join(f"[nemo-gym-verl] {line}" for line in text.splitlines()), flush=True)
-
-
-# verl warns at import, in every process, about each optional training engine that is not installed (torchtitan,
-# veomni, automodel, mindspeed, megatron): ~10 console lines per process that nobody using FSDP can act on.
-VERL_ENGINE_NOTICES = "ignore::UserWarning:verl.workers.engine"
-
-
-def _quiet_console(cfg: DictConfig) -> None:
-    """Defaults (a value the user set wins) that keep the console to what a user may act on, in every Ray worker:
-
-    - ``TQ_NUM_THREADS``: TransferQueue sizes torch's thread pool to it (default 8) on every put and get, and warns
-      each time 8 exceeds the node's physical cores (200+ identical warnings in a 30-step run on 2 cores); the
-      node's physical cores, at most 8, is what it would fall back to anyway;
-    - ``PYTHONWARNINGS``: :data:`VERL_ENGINE_NOTICES` appended.
-    """
-    import warnings
-
-    import psutil
-
-    key = "ray_kwargs.ray_init.runtime_env.env_vars"
-    env_vars = OmegaConf.select(cfg, key, default=None)
-    current = OmegaConf.to_container(env_vars, resolve=True) if env_vars is not None else {}
-    if not isinstance(current, dict):
-        return  # not a mapping: verl's own config check names it
-    extra: dict[str, str] = {}
-    if "TQ_NUM_THREADS" not in current and "TQ_NUM_THREADS" not in os.environ:
-        extra["TQ_NUM_THREADS"] = str(max(1, min(8, psutil.cpu_count(logical=False) or 1)))
-    filters = [f for f in (current.get("PYTHONWARNINGS") or os.environ.get("PYTHONWARNINGS", "")).split(",") if f]
-    if VERL_ENGINE_NOTICES not in filters:
-        extra["PYTHONWARNINGS"] = ",".join([*filters, VERL_ENGINE_NOTICES])
-    with open_dict(cfg):
-        for name, value in extra.items():
-            OmegaConf.update(cfg, f"{key}.{name}", value, force_add=True)
-    warnings.filterwarnings("ignore", category=UserWarning, module="verl.workers.engine")  # this process
 
 
 SGLANG_KEYED_CLIENT = "nemo_gym_adapter.sglang.verl_client"

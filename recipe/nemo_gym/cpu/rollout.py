@@ -21,7 +21,8 @@ replaces only those defaults:
   ``generate``, the OpenAI HTTP app, ``collective_rpc``, abort/resume and ``clear_kv_cache`` are verl's.
 - :class:`CPUvLLMReplica` subclasses ``vLLMReplica``: servers are placed by node id only (no accelerator ids), keep
   verl's actor names, and standalone mode needs no GPU resource pool.
-- :func:`register` re-points ``RolloutReplicaRegistry["vllm"]`` at :class:`CPUvLLMReplica`. ``rollout.name`` stays
+- :func:`register` re-points ``RolloutReplicaRegistry["vllm"]`` at :class:`CPUvLLMReplica` (``cpu.registry``, which
+  the configs load in every process without importing this module, i.e. vLLM). ``rollout.name`` stays
   ``"vllm"`` on purpose: verl keys the rollout adapter (``ServerAdapter``), the server-actor name prefix, the
   ``engine_kwargs.vllm`` section and request priorities on that name.
 
@@ -30,8 +31,9 @@ Weight sync needs no code of ours: ``checkpoint_engine.backend=naive`` makes eac
 (via ``collective_rpc``) and streams buckets over ZMQ + POSIX shared memory (``use_shm`` because the CPU platform
 reports no IPC). See ``ROLLOUT_NOTES.md`` for what the platform plugin and the config must provide.
 
-Load this module in every process (driver, TaskRunner, workers) with ``VERL_USE_EXTERNAL_MODULES`` (importing it
-registers the replica), or call :func:`register` before ``LLMServerManager`` is built. Never load it on GPU runs.
+Load :mod:`recipe.nemo_gym.cpu.registry` in every process (driver, TaskRunner, workers) with
+``VERL_USE_EXTERNAL_MODULES`` (it registers a loader that imports this module; importing this module registers
+the replica too), or call :func:`register` before ``LLMServerManager`` is built. Never load either on GPU runs.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ from verl.plugin.platform import get_platform  # noqa: E402
 from verl.utils.net_utils import is_valid_ipv6_address  # noqa: E402
 from verl.workers.rollout.replica import RolloutMode, RolloutReplicaRegistry  # noqa: E402
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica  # noqa: E402
+
+from nemo_gym_adapter.console.startup import TIMELINE  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +90,21 @@ CPU_SERVER_ENV: dict[str, str] = {
 WORKER_EXTENSION_FQN = "recipe.nemo_gym.cpu.weight_sync.CPUWorkerExtension"
 
 _REGISTERED = False
+
+
+def _command_line_to_debug_log(args: Any, *_: Any, **__: Any) -> None:
+    logger.debug("vLLM command line: %s", args)
+
+
+def quiet_command_line() -> None:
+    """verl's vLLM server prints the whole vLLM command line (``pprint``, one argument per line: ~40 console lines per
+    launch) before it starts the engine; in this process it goes to this module's logger at DEBUG instead. The
+    engine's configuration is what the run's config says (``rollout.engine_kwargs``, :data:`CPU_ENGINE_KWARGS`).
+    Idempotent; a verl without that module-level ``pprint`` is left alone (nothing to quiet)."""
+    import verl.workers.rollout.vllm_rollout.vllm_async_server as server_module
+
+    if getattr(server_module, "pprint", None) is not None:
+        server_module.pprint = _command_line_to_debug_log
 
 
 class CPUvLLMHttpServer(vLLMHttpServer):
@@ -132,6 +151,7 @@ class CPUvLLMHttpServer(vLLMHttpServer):
     async def launch_server(self, *args, **kwargs):
         """verl's launch (vLLM engine + OpenAI app on a free port), timed: ``launch_seconds`` for logs and tests."""
         started = time.perf_counter()
+        quiet_command_line()
         await super().launch_server(*args, **kwargs)
         self.launch_seconds = time.perf_counter() - started
         logger.info("vLLM (CPU) replica %d started in %.1fs", self.replica_rank, self.launch_seconds)
@@ -188,7 +208,9 @@ class CPUvLLMReplica(vLLMReplica):
         await self.launch_servers()
 
     async def launch_servers(self):
-        """Create one :class:`CPUvLLMHttpServer` actor per node of this replica and start vLLM in each."""
+        """Create one :class:`CPUvLLMHttpServer` actor per node of this replica and start vLLM in each (the start-up
+        timeline's ``engine`` phase: from the first replica's launch to the last one's end)."""
+        TIMELINE.mark("engine")
         if self.workers:
             if len(self.workers) != self.world_size:
                 raise ValueError(
@@ -238,6 +260,7 @@ class CPUvLLMReplica(vLLMReplica):
         host, port = await self.servers[0].get_server_address.remote()
         self._server_handle = self.servers[0]
         self._server_address = f"[{host}]:{port}" if is_valid_ipv6_address(host) else f"{host}:{port}"
+        TIMELINE.mark("engine_ready", last=True)
 
     def _server_role(self) -> str:
         """The middle of verl's actor name: ``server_``, ``server_reward_`` or ``server_teacher_``."""
@@ -258,7 +281,6 @@ def register() -> None:
     if not _REGISTERED:
         RolloutReplicaRegistry.register("vllm", _load_cpu_vllm_replica)
         _REGISTERED = True
-        logger.info("rollout replica 'vllm' -> %s.%s (CPU)", __name__, CPUvLLMReplica.__name__)
 
 
 def server_actors(prefix: str = "vllm_server_") -> dict[str, ray.actor.ActorHandle]:

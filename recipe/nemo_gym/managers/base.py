@@ -44,6 +44,7 @@ import ray
 from verl.utils.ray_utils import auto_await
 
 from nemo_gym_adapter.access.key import RunKey, rollout_key
+from nemo_gym_adapter.console.startup import TIMELINE
 from nemo_gym_adapter.errors import AdapterError
 from nemo_gym_adapter.gym.addresses import HostChoice, ReplicaEndpoint, check_policy_urls, choose_gym_host, policy_urls
 from nemo_gym_adapter.gym.liveness import Liveness
@@ -138,6 +139,7 @@ class GymManagerBase:
         self.replica_endpoints, handles = find_replicas(self.llm_client, self.engine)
         self.replica_handles = dict(handles)
         self.replicas = {ep.address: ep.actor for ep in self.replica_endpoints}
+        t_found = time.perf_counter()
         if self.recipe.gym.patch_vllm:
             self.patch_reports = patch_replicas(
                 handles, self.engine, self.recipe.gym.assistant_edits, self.recipe.gym.partial_rollouts
@@ -153,6 +155,7 @@ class GymManagerBase:
         self.dump = rollout_dump(self.recipe, tokenizer)
         if self.dump is not None:
             self.on_shutdown("rollout dump", self.dump.close)  # after the rollouts in flight (registered later)
+        t_card = time.perf_counter()
         self.gym = self._start_gym(card.name)
         t2 = time.perf_counter()
         routes, trajectory = (
@@ -172,6 +175,11 @@ class GymManagerBase:
         self.setup_seconds = {"find_and_patch_s": t1 - t0, "gym_start_s": t2 - t1, "total_s": time.perf_counter() - t0}
         atexit.register(self.shutdown)
         logger.info("NeMo Gym manager ready in %.1fs: replicas %s, Gym %s", t2 - t0, list(self.replicas), self.gym)
+        TIMELINE.note(  # the start-up line's detail of this phase (the task runner prints the line)
+            "rollout manager and Gym",
+            f"replicas found {t_found - t0:.1f} s, patched {t1 - t_found:.1f} s, model card and tokenizer "
+            f"{t_card - t1:.1f} s, Gym {t2 - t_card:.1f} s",
+        )
 
     @property
     def api_key(self) -> Any:

@@ -45,6 +45,31 @@ def checkpoint_root(config: Any) -> Path:
     return Path(os.path.abspath(str(config.trainer.default_local_dir)))
 
 
+VERL_V1_TRAINER_LOGGER = "verl.trainer.ppo.v1.trainer_base"
+
+
+def saving_line(trainer: Any) -> str | None:
+    """verl's v1 trainer says where a checkpoint goes and where a run resumes from at INFO only, which the recipe's
+    ``VERL_LOGGING_LEVEL=WARN`` keeps off the console (``recipe.nemo_gym.trainer.console``): the line to print
+    instead before a save, or None when verl's INFO is on (verl says it itself)."""
+    if logging.getLogger(VERL_V1_TRAINER_LOGGER).isEnabledFor(logging.INFO):
+        return None
+    return f"Saving checkpoint to {checkpoint_root(trainer.config) / f'global_step_{int(trainer.global_steps)}'}"
+
+
+def resuming_line(trainer: Any) -> str | None:
+    """As :func:`saving_line`, after verl's ``_load_checkpoint``: where the run resumed from (None: a fresh start)."""
+    step = int(trainer.global_steps)
+    if step <= 0 or logging.getLogger(VERL_V1_TRAINER_LOGGER).isEnabledFor(logging.INFO):
+        return None
+    trainer_cfg = trainer.config.trainer
+    if trainer_cfg.get("resume_mode") == "resume_path" and trainer_cfg.get("resume_from_path"):
+        folder = Path(os.path.abspath(str(trainer_cfg.resume_from_path)))
+    else:
+        folder = checkpoint_root(trainer.config) / f"global_step_{step}"
+    return f"Resuming from {folder}, setting global step to {step}"
+
+
 def save_checkpoint(trainer: Any, save: Callable[[], Any]) -> Any:
     """``save()`` (verl's ``_save_checkpoint`` of ``trainer``), or -- when it fails -- the previous checkpoint left as
     the one a resume loads, and a :class:`StorageError` naming the path if the disk is full (module docstring)."""

@@ -54,6 +54,7 @@ from typing import Any
 import ray
 from omegaconf import OmegaConf
 
+from nemo_gym_adapter.console.startup import TIMELINE
 from nemo_gym_adapter.gym.early import early_gym_servers
 from nemo_gym_adapter.rollouts.groups import batch_signal
 from recipe.nemo_gym.algorithms import (  # masked_grpo registers verl's masked_grpo estimator
@@ -72,6 +73,7 @@ from recipe.nemo_gym.trainer.async_modes import (
     quiet_separate_async_info_log,
     warn_unguarded_aborts,
 )
+from recipe.nemo_gym.trainer.console import quiet_validation_dumps
 from recipe.nemo_gym.trainer.task_runner import env_weighted_sampler
 
 logger = logging.getLogger(__name__)
@@ -166,7 +168,13 @@ class NemoGymTrainerMixin:
 
     def _save_checkpoint(self) -> Any:
         """verl's checkpoint; a full disk leaves the previous one loadable and ends the run naming the path."""
+        _say(storage.saving_line(self))  # verl's own line is INFO (recipe.nemo_gym.trainer.console)
         return storage.save_checkpoint(self, super()._save_checkpoint)  # type: ignore[misc]
+
+    def _load_checkpoint(self) -> Any:
+        out = super()._load_checkpoint()  # type: ignore[misc]
+        _say(storage.resuming_line(self))
+        return out
 
     @staticmethod
     def _write_generations(*args: Any) -> None:
@@ -174,6 +182,10 @@ class NemoGymTrainerMixin:
         from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
         storage.write_generations(PPOTrainer._write_generations, *args)
+
+    def on_init_end(self) -> Any:
+        TIMELINE.mark("weights")  # verl's set-up done; the sync trainer's first weight sync next
+        return super().on_init_end()  # type: ignore[misc]
 
     def fit(self, agent_loop_manager: Any) -> Any:
         rollout_correction.install()
@@ -205,10 +217,19 @@ class NemoGymTrainerMixin:
 
     def _compute_metrics(self, batch: Any, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         out = super()._compute_metrics(batch, metrics, *args, **kwargs)  # type: ignore[misc]
+        timing = args[0] if args and isinstance(args[0], dict) else kwargs.get("timing_raw") or {}
+        first = TIMELINE.first_step(timing)
+        if first is not None:
+            print(f"[nemo-gym-verl] {first}", flush=True)
         drain = getattr(getattr(self, "agent_loop_manager", None), "drain_metrics", None)
         if drain is not None:
             metrics.update(drain())
         return out
+
+
+def _say(line: str | None) -> None:
+    if line:
+        print(line, flush=True)
 
 
 def _token_turns(tq: Any, batch: Any) -> Any:
@@ -302,6 +323,8 @@ class NemoGymTaskRunnerV1Impl:
         from verl.trainer.ppo.v1 import get_trainer_cls
         from verl.utils.logging_utils import configure_verl_logging
 
+        TIMELINE.mark_process_start()
+        TIMELINE.mark("run")
         configure_verl_logging()
         forbid_ray_auto_init()
         print(
@@ -315,6 +338,7 @@ class NemoGymTaskRunnerV1Impl:
         gdpo.install()  # verl's gdpo gets the reward components on this trainer (recipe.nemo_gym.algorithms.gdpo)
         trainer_cls = nemo_gym_trainer_cls(get_trainer_cls(config.trainer.v1.trainer_mode))
         quiet_separate_async_info_log(config)  # after get_trainer_cls imported verl's module and set its level
+        quiet_validation_dumps()  # the same metrics are in step 0's and the last step's metrics line
         warn_unguarded_aborts(config)
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)
@@ -330,8 +354,12 @@ class NemoGymTaskRunnerV1Impl:
         succeeded = False
         try:
             self.trainer = trainer_cls(config=config)
+            TIMELINE.mark("init")  # TransferQueue up, datasets read: verl's workers and replicas next
             self.trainer.init()
+            TIMELINE.mark("ready")
             self.init_agent_loop_manager()
+            TIMELINE.mark("gym")
+            print(f"[nemo-gym-verl] {TIMELINE.summary()}", flush=True)
             self.trainer.fit(self.agent_loop_manager)
             succeeded = True
         finally:

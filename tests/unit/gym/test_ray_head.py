@@ -48,6 +48,13 @@ def test_head_env_is_gyms_with_a_token_of_its_own(tmp_path):
     assert (env["RAY_AUTH_MODE"], env["RAY_AUTH_TOKEN"], env["HF_HOME"]) == ("token", "t" * 64, "/hf")
     assert env["PATH"] == f"{tmp_path / 'venv' / 'bin'}:/usr/bin"
     assert env["RAY_prestart_worker_first_driver"] == "0"  # no worker burst when Gym's launcher connects
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"  # no Serve drain on SIGTERM: Ray's own teardown at once
+    assert (
+        head_env(tmp_path, {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "5"}, "t", base={})[
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+        ]
+        == "5"
+    )
     # no metrics exporter answering every user of the host (access.listen), unless asked for or set in nemo_gym.env
     assert env["RAY_enable_metrics_collection"] == "0" and env["AUTOSCALER_METRIC_PORT"] == listen.NO_PORT
     asked = head_env(tmp_path, {}, "t", base={}, metrics=True)

@@ -269,28 +269,6 @@ def test_cpu_multi_env_config_routes_three_ways_and_samples_half_and_half():
     assert train_sampler(_compose("nemo_gym_cpu"), dataset, default=lambda *a: "verl's") == "verl's"
 
 
-def test_the_console_defaults_reach_every_ray_worker_and_a_users_value_wins(monkeypatch):
-    """TransferQueue's thread count (its per-put warning on small machines) and verl's engine notices."""
-    from omegaconf import OmegaConf
-
-    from recipe.nemo_gym import main
-
-    monkeypatch.delenv("TQ_NUM_THREADS", raising=False)
-    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
-    cfg = OmegaConf.create({"ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": {"A": "1"}}}}})
-    main._quiet_console(cfg)
-    env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
-    assert 1 <= int(env["TQ_NUM_THREADS"]) <= 8 and env["A"] == "1"
-    assert env["PYTHONWARNINGS"] == main.VERL_ENGINE_NOTICES
-    mine = {"TQ_NUM_THREADS": "3", "PYTHONWARNINGS": "error::DeprecationWarning"}
-    cfg = OmegaConf.create({"ray_kwargs": {"ray_init": {"runtime_env": {"env_vars": mine}}}})
-    main._quiet_console(cfg)
-    main._quiet_console(cfg)  # idempotent
-    env = OmegaConf.to_container(cfg.ray_kwargs.ray_init.runtime_env.env_vars)
-    assert env["TQ_NUM_THREADS"] == "3"
-    assert env["PYTHONWARNINGS"] == f"error::DeprecationWarning,{main.VERL_ENGINE_NOTICES}"
-
-
 @pytest.mark.parametrize("name", PRIMARY_CONFIGS)
 def test_gpu_configs_checkpoint_and_resume_and_cpu_configs_start_fresh(name):
     """The GPU configs save checkpoints a relaunch continues from (docs/LONG_RUNS.md); the CPU ones (the demo, the

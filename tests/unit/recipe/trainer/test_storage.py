@@ -135,3 +135,27 @@ def test_verls_rollout_dump_on_a_full_disk_stops_with_one_error_and_the_run_goes
         assert len(errors) == 1 and str(dump / "2.jsonl") in errors[0] and "training goes on" in errors[0], errors
         assert not (dump / "2.jsonl").exists() and not (dump / "3.jsonl").exists()
     storage._STOPPED_DUMPS.clear()
+
+
+def test_where_a_checkpoint_goes_and_where_a_run_resumes_from_are_said_when_verls_info_is_off(tmp_path):
+    import logging
+
+    from omegaconf import OmegaConf
+
+    verl_logger = logging.getLogger(storage.VERL_V1_TRAINER_LOGGER)
+    original = verl_logger.level
+    cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto"}})
+    trainer = SimpleNamespace(config=cfg, global_steps=3)
+    try:
+        verl_logger.setLevel(logging.WARNING)  # the recipe's VERL_LOGGING_LEVEL=WARN
+        assert storage.saving_line(trainer) == f"Saving checkpoint to {tmp_path / 'global_step_3'}"
+        assert storage.resuming_line(trainer) == f"Resuming from {tmp_path / 'global_step_3'}, setting global step to 3"
+        assert storage.resuming_line(SimpleNamespace(config=cfg, global_steps=0)) is None  # a fresh start: nothing
+        cfg.trainer.resume_mode, cfg.trainer.resume_from_path = "resume_path", str(tmp_path / "elsewhere/global_step_2")
+        assert storage.resuming_line(SimpleNamespace(config=cfg, global_steps=2)).startswith(
+            f"Resuming from {tmp_path / 'elsewhere/global_step_2'}, "
+        )
+        verl_logger.setLevel(logging.INFO)  # verl says it itself: no second line
+        assert storage.saving_line(trainer) is None and storage.resuming_line(trainer) is None
+    finally:
+        verl_logger.setLevel(original)

@@ -257,3 +257,41 @@ def test_a_manager_that_lost_every_replica_ends_the_run_with_its_own_message():
     trainer.agent_loop_manager.fatal = ServerDownError("every vLLM replica of model server(s) ['policy'] is lost")
     with pytest.raises(ServerDownError, match="every vLLM replica"):
         buffer.sample(1, "train", 4)
+
+
+class FakeStartupV1Trainer(FakeV1Trainer):
+    def on_init_end(self) -> None:
+        self.calls.append("verl's first weight sync")
+
+    def _load_checkpoint(self) -> None:
+        self.global_steps = 2  # verl found global_step_2
+
+
+def test_the_start_up_marks_and_the_first_step_line_come_from_verls_hooks_once(monkeypatch, capsys, tmp_path):
+    import logging
+    import time
+
+    import recipe.nemo_gym.trainer.task_runner_v1 as task_runner_v1
+    from nemo_gym_adapter.console.startup import StartupTimeline
+    from recipe.nemo_gym.trainer import storage
+
+    timeline = StartupTimeline()
+    timeline.mark("launch", time.time() - 100)
+    monkeypatch.setattr(task_runner_v1, "TIMELINE", timeline)
+    trainer = nemo_gym_trainer_cls(FakeStartupV1Trainer)("cpu")
+    trainer.on_init_end()
+    assert trainer.calls == ["verl's first weight sync"] and timeline.get("weights") is not None
+    trainer._compute_metrics(None, {}, {"step": 18.1, "gen": 4.84}, global_steps=1, epoch=0)
+    trainer._compute_metrics(None, {}, {"step": 3.0, "gen": 1.0}, global_steps=2, epoch=0)
+    said = [line for line in capsys.readouterr().out.splitlines() if "first step" in line]
+    assert len(said) == 1 and said[0].startswith("[nemo-gym-verl] first step 18.1 s (generation 4.8 s), ")
+    assert said[0].endswith(" s after the launch")
+    verl_logger = logging.getLogger(storage.VERL_V1_TRAINER_LOGGER)
+    original = verl_logger.level
+    trainer.config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path), "resume_mode": "auto"}})
+    try:
+        verl_logger.setLevel(logging.WARNING)  # the recipe's VERL_LOGGING_LEVEL=WARN: verl's own line is not shown
+        trainer._load_checkpoint()
+        assert capsys.readouterr().out == f"Resuming from {tmp_path / 'global_step_2'}, setting global step to 2\n"
+    finally:
+        verl_logger.setLevel(original)
