@@ -123,7 +123,9 @@ def _logged_steps(metrics: Path) -> list[int]:
 
 def _check_doors(watch: TreeListeners, logged: list[int]) -> None:
     """Every listener on loopback and none serving a stranger, taken as steps 1 and 2 began, and the run trained on."""
-    assert len(watch.rounds) == 2, f"listed {len(watch.rounds)} times: the run never began step 1 or 2"
+    assert len(watch.rounds) == 2, (
+        f"listed {len(watch.rounds)} times (the run never began step 1 or 2?): {watch.error!r}"
+    )
     found, knocks = watch.found or [], watch.knocks or []
     print(f"listeners of the run at steps 1 and 2:\n{table(found)}\nwhat each answered without a key:")
     print(knock_table(sorted(knocks, key=lambda k: (k.listener.process, k.listener.port))))

@@ -159,6 +159,16 @@ def _first_word(sock: socket.socket) -> bytes | None:
         return b""
 
 
+def _protocol(first: bytes) -> str:
+    """Names what a listener said first: ZMTP's greeting (ZMQ: 0xff, 8 bytes, 0x7f), an HTTP/2 server's SETTINGS frame
+    (gRPC: a frame of type 4 on stream 0), else its first bytes in hex."""
+    if len(first) >= 10 and first[0] == 0xFF and first[9] == 0x7F:
+        return "ZMTP greeting (ZMQ)"
+    if len(first) >= 9 and first[3] == 0x04 and first[5:9] == bytes(4):
+        return "HTTP/2 SETTINGS (gRPC)"
+    return first[:10].hex()
+
+
 def _knock_one(item: Listener, timeout_s: float) -> Knock:
     started = time.monotonic()
     answers: list[str] = []
@@ -170,7 +180,7 @@ def _knock_one(item: Listener, timeout_s: float) -> Knock:
             if not answers and conn.sock is not None:
                 first = _first_word(conn.sock)
                 if first is not None:  # no HTTP server speaks first or hangs up unasked: nothing more to ask it
-                    why = f"speaks first: {first[:10].hex()}" if first else "hung up unasked"
+                    why = f"speaks first: {_protocol(first)}" if first else "hung up unasked"
                     answers = [f"no HTTP ({why})"] * len(KNOCKS)
                     break
             body = b"{}" if method == "POST" else None
@@ -204,12 +214,17 @@ def knock(items: Iterable[Listener], timeout_s: float = KNOCK_TIMEOUT_S) -> list
     return [replace(answered[(i.host, i.port)], listener=i) for i in items]
 
 
+def _answers(k: Knock) -> str:
+    answers = [a.replace("no HTTP ", "-") for a in k.answers]
+    return f"{answers[0]} x{len(answers)}" if len(set(answers)) == 1 else " ".join(answers)
+
+
 def knock_table(knocks: Iterable[Knock]) -> str:
-    """One line per listener: ``host:port  pid  answers  command`` (answers in :data:`KNOCKS`' order)."""
+    """One line per listener: ``host:port  pid  answers  seconds  command`` (answers in :data:`KNOCKS`' order; the
+    same answer to every knock once, ``x3``)."""
     return "\n".join(
-        f"  {f'{k.listener.host}:{k.listener.port}':22s} {k.listener.pid:7d} "
-        f"{' '.join(a.replace('no HTTP ', '-') for a in k.answers):44s}{' (ours)' if k.ours else '':7s} "
-        f"{k.listener.process[:90]}"
+        f"  {f'{k.listener.host}:{k.listener.port}':24s} {k.listener.pid:7d} {_answers(k):34s}"
+        f"{' (ours)' if k.ours else '':7s} {k.seconds:4.1f}s {k.listener.process[:80]}"
         for k in knocks
     )
 
@@ -259,6 +274,7 @@ class TreeListeners(threading.Thread):
         self.progress = progress or (lambda: len(self.log_path.read_text(errors="replace")))
         self.pids: set[int] = set()
         self.rounds: list[Round] = []
+        self.error: BaseException | None = None
         self._halt = threading.Event()
 
     @property
@@ -298,6 +314,13 @@ class TreeListeners(threading.Thread):
         return Round(new, knocks, before, self.progress(), time.monotonic() - started)
 
     def run(self) -> None:
+        try:
+            self._watch()
+        except BaseException as e:  # kept for the test to report: a thread's exception is otherwise only printed
+            self.error = e
+            raise
+
+    def _watch(self) -> None:
         pending = list(self.triggers)
         while pending and not self._halt.is_set() and psutil.pid_exists(self.pid):
             self._sample()

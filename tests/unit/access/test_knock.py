@@ -107,7 +107,7 @@ def test_this_processs_listeners_are_found_and_an_open_server_is_caught(open_ser
     # It greets first: told apart on its first word, no request sent, never connected to again.
     binary = knocks[binary_socket.port]
     assert not binary.opened and not binary.speaks_http
-    assert binary.answers == ("no HTTP (speaks first: ff00000000000000017f)",) * len(KNOCKS), binary.answers
+    assert binary.answers == ("no HTTP (speaks first: ZMTP greeting (ZMQ))",) * len(KNOCKS), binary.answers
     assert binary_socket.accepted == 1 and binary_socket.received == b""
     # It stays silent (a ZMQ socket sent a greeting not its own does): asked once, until the timeout, then let be.
     silent = knocks[silent_socket.port]
@@ -184,3 +184,20 @@ def test_a_guarded_app_answers_401_and_is_told_apart_as_ours():
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def test_a_grpc_server_is_told_apart_by_its_http2_preface():
+    """Ray's GCS, raylets and workers serve gRPC: an HTTP/2 server that sends its SETTINGS frame first (named, no
+    request sent); their guard is Ray's token, not an HTTP status."""
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        [answered] = knock([Listener("127.0.0.1", port, os.getpid(), "grpc")], timeout_s=0.5)
+    finally:
+        server.stop(0)
+    assert answered.answers == ("no HTTP (speaks first: HTTP/2 SETTINGS (gRPC))",) * len(KNOCKS), answered.answers
+    assert not answered.opened and not answered.speaks_http
