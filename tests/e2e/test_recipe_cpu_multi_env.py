@@ -1,6 +1,6 @@
 """Multi-environment GRPO, hydra-launched end to end: ``python -m recipe.nemo_gym.main --config-name
 nemo_gym_cpu_multi_env`` (both bundled toy environments in one Gym: toy_choice, one model call; toy_lookup, two
-tool calls), two steps, validation before training and after the last step, on verl's v1 trainer (the configs'
+tool calls), three steps, validation before training and after the last step, on verl's v1 trainer (the configs'
 default; the legacy trainer runs the same code for these features: ``env_sampling``, ``validation``).
 
 Checked from the console logger: each step carries both environments' metrics under plain names (``gym/<env>/...``,
@@ -42,11 +42,11 @@ from tests.support.listeners import TreeListeners, knock_table, table
 pytestmark = pytest.mark.e2e
 
 ENVS = ("toy_choice_simple_agent", "toy_lookup_simple_agent")
-STEPS = 2
+STEPS = 3  # steps of ~2 s here: the knocks (about one knock timeout) end before the last one begins
 BATCH, N = 4, 2
 
 
-def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, reaped_children):  # noqa: F811
+def test_three_steps_on_two_environments_with_validation_through_gym(tmp_path, reaped_children):  # noqa: F811
     watches: list[TreeListeners] = []
     metrics = tmp_path / "gym" / "metrics.jsonl"  # verl's file logger: a line per step as it ends, unbuffered
 
