@@ -111,9 +111,9 @@ generation (a rollout server's reason to exist). No key, no token, no cookie."""
 KNOCK_TIMEOUT_S = 2.0
 """How long one knock waits to connect and for an answer. An HTTP server on loopback answers well within it (the
 guard's 401 comes before any route runs: the run's HTTP servers answered in milliseconds at load ~1.5); a listener
-that stays silent that long does not speak HTTP (the vLLM engine core's 13 sockets, a worker's, which neither greet nor
-answer a request) and is not asked again: a whole knock takes about this long, shorter than the two CPU e2e steps of
-~2 s each it has to fit before."""
+that stays silent that long does not speak HTTP (the vLLM engine core's 13 sockets, one of a verl worker's: they
+neither greet nor answer a request) and is not asked again. A whole knock takes about this long: it has to end
+while a CPU e2e run still trains (steps of ~2 s there)."""
 FIRST_WORD_S = 0.3
 """How long a knock, connected, waits for the listener to speak first: no HTTP server ever does; ZMQ (ZMTP's greeting)
 and other binary protocols do. Such a listener is told apart without a request sent, in a fraction of a second."""
