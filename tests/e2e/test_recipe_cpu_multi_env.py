@@ -1,6 +1,6 @@
 """Multi-environment GRPO, hydra-launched end to end: ``python -m recipe.nemo_gym.main --config-name
 nemo_gym_cpu_multi_env`` (both bundled toy environments in one Gym: toy_choice, one model call; toy_lookup, two
-tool calls), two steps, validation before training and after the last step, on verl's v1 trainer (the configs'
+tool calls), three steps, validation before training and after the last step, on verl's v1 trainer (the configs'
 default; the legacy trainer runs the same code for these features: ``env_sampling``, ``validation``).
 
 Checked from the console logger: each step carries both environments' metrics under plain names (``gym/<env>/...``,
@@ -14,35 +14,45 @@ training step and validation pass: toy_lookup's two tool calls with their names 
 between, each call's decoded generation; toy_choice's letter. Lean on purpose (CI budget): 4 rows x 2 samples per
 step, 8 greedy validation rows.
 
-Who may reach the run (issue 27), taken while it trains: every TCP listener of the run's process tree (Ray, verl's
-workers, the vLLM replica, TransferQueue, Gym and its Ray) is on loopback, the one-host plan
-(``nemo_gym.access.local_only: auto``).
+Who may reach the run (issues 27 and 37), with the run's default access settings, taken while it trains: every TCP
+listener of the run's process tree (Ray, verl's workers, the vLLM replica and its engine core, TransferQueue, Gym and
+its Ray) is on loopback, the one-host plan (``nemo_gym.access.local_only: auto``), and none gives a stranger a 2xx.
+As step 1 begins (the validation before training is in the metrics file) every listener gets
+``tests.support.listeners.KNOCKS`` without any key, all at once; as step 2 begins, every listener that came up since
+gets them too. The replica and Gym's servers answer the guard's 401, Ray's HTTP servers their token's 401, the binary
+sockets (gRPC, ZMQ) no HTTP, and Ray's metrics exporters are not there (``nemo_gym.access.ray_dashboard: false``).
+Meanwhile the run trains on: the steps after the knocks are logged, every rollout of theirs came back (nothing
+masked), and the run ends with exit 0. The knocks' control (a knock sees an open door) is
+tests/unit/access/test_knock.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 
 from recipe.nemo_gym.reporting.curve import load_reward_curve
 from tests.e2e.test_recipe_cpu_smoke import _parse_steps, _run_recipe, batch_overrides, reaped_children  # noqa: F401
-from tests.support.listeners import TreeListeners, table
+from tests.support.listeners import TreeListeners, knock_table, table
 
 pytestmark = pytest.mark.e2e
 
 ENVS = ("toy_choice_simple_agent", "toy_lookup_simple_agent")
-STEPS = 2
+STEPS = 3  # steps of ~2 s here: the knocks (about one knock timeout) end before the last one begins
 BATCH, N = 4, 2
 
 
-def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, reaped_children):  # noqa: F811
+def test_three_steps_on_two_environments_with_validation_through_gym(tmp_path, reaped_children):  # noqa: F811
     watches: list[TreeListeners] = []
+    metrics = tmp_path / "gym" / "metrics.jsonl"  # verl's file logger: a line per step as it ends, unbuffered
 
-    def watch(pid: int, log: Path) -> TreeListeners:  # the run's listeners once it trains (module docstring)
-        watches.append(TreeListeners(pid, log, "step:1 "))
+    def watch(pid: int, log: Path) -> TreeListeners:  # the run's listeners as steps 1 and 2 begin (module docstring)
+        begins = [lambda step=step: step - 1 in _logged_steps(metrics) for step in (1, 2)]
+        watches.append(TreeListeners(pid, log, begins, knock=True, progress=lambda: _logged_steps(metrics)))
         return watches[-1]
 
     text, wall = _run_recipe(
@@ -57,14 +67,9 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
         config_name="nemo_gym_cpu_multi_env",
         watch=watch,
     )
-    found = watches[0].found
-    assert found, "no listener of the run seen while it trained"
-    print(f"listeners of the run at step 1:\n{table(found)}")
-    exposed = [item for item in found if item.scope != "loopback"]
-    assert not exposed, f"listening beyond loopback on one host:\n{table(exposed)}"
-    assert len({item.pid for item in found}) > 10  # the control: Ray, workers, vLLM, Gym were all seen
     steps = _parse_steps(text)
     assert sorted(steps) == [0, *range(1, STEPS + 1)], f"steps logged: {sorted(steps)}\n{text[-3000:]}"
+    _check_doors(watches[0], _logged_steps(metrics))
     turns = {"toy_choice_simple_agent": 1.0, "toy_lookup_simple_agent": 2.0}
     for step in range(1, STEPS + 1):
         m = steps[step]
@@ -103,6 +108,49 @@ def test_two_steps_on_two_environments_with_validation_through_gym(tmp_path, rea
     assert not (tmp_path / "gym" / "gym.pid").exists()
     left = reaped_children()
     assert not left, f"processes left behind: {[(p.pid, ' '.join(p.cmdline()[:3])) for p in left]}"
+
+
+def _logged_steps(metrics: Path) -> list[int]:
+    """The steps verl's file logger has written so far (step 0: the validation before training); [] before its first."""
+    steps = []
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        try:
+            steps.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line still being written
+    return steps
+
+
+def _check_doors(watch: TreeListeners, logged: list[int]) -> None:
+    """Every listener on loopback and none serving a stranger, taken as steps 1 and 2 began, and the run trained on."""
+    assert len(watch.rounds) == 2, (
+        f"listed {len(watch.rounds)} times (the run never began step 1 or 2?): {watch.error!r}"
+    )
+    found, knocks = watch.found or [], watch.knocks or []
+    print(f"listeners of the run at steps 1 and 2:\n{table(found)}\nwhat each answered without a key:")
+    print(knock_table(sorted(knocks, key=lambda k: (k.listener.process, k.listener.port))))
+    for number, r in enumerate(watch.rounds, 1):
+        slowest = max((k.seconds for k in r.knocks or []), default=0.0)
+        print(
+            f"round {number} (step {number} begins): {len(r.found)} new listeners of "
+            f"{len({i.pid for i in r.found})} pids, listed and knocked in {r.seconds:.1f} s (slowest socket "
+            f"{slowest:.1f} s); steps logged before {r.before}, after {r.after}; load average {os.getloadavg()}"
+        )
+    exposed = [item for item in found if item.scope != "loopback"]
+    assert not exposed, f"listening beyond loopback on one host:\n{table(exposed)}"
+    assert len({item.pid for item in found}) > 10  # the control: Ray, workers, vLLM, Gym were all seen
+    opened = [k for k in knocks if k.opened]
+    assert not opened, f"listeners that served a request without the key:\n{knock_table(opened)}"
+    # The controls: the knocks reached HTTP servers -- the replica and Gym's servers (head, two agents, two resources
+    # servers, the model server) answered the guard's 401
+    guarded = {(k.listener.host, k.listener.port) for k in knocks if k.ours}
+    assert len(guarded) >= 7, knock_table(knocks)
+    # ... and the run trained on after them: the knocks began as step 1 did and ended before the last step did; every
+    # step is in the metrics file at the end (the caller checks each one's rollouts: all back, none masked)
+    first = watch.rounds[0]
+    assert first.before == [0] and STEPS not in first.after, (first.before, first.after)
+    assert STEPS not in watch.rounds[1].after, watch.rounds[1].after
+    assert logged == [0, *range(1, STEPS + 1)], logged
 
 
 def _check_readable_rollouts(root: Path, steps: dict[int, dict[str, float]]) -> None:
