@@ -222,6 +222,7 @@ def check_guarded(base_urls: Mapping[str, str], timeout_s: float = 10.0) -> None
     """Raise ``GymServerError`` naming every server of ``base_urls`` (name -> ``http://host:port``) that does not answer
     a keyless ``GET /`` with this guard's 401, and what it answered. Run once Gym is up: a server that did not get the
     guard (an interpreter that skipped ``sitecustomize``) stops the launch instead of serving everyone."""
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -234,7 +235,7 @@ def check_guarded(base_urls: Mapping[str, str], timeout_s: float = 10.0) -> None
                 status, body = response.status, response.read(4096)
         except urllib.error.HTTPError as e:
             status, body = e.code, e.read(4096)
-        except OSError as e:
+        except (OSError, http.client.HTTPException) as e:
             open_.append(f"{name} ({url}): no answer ({type(e).__name__})")
             continue
         if status != 401 or b"nemo-gym-verl" not in body:

@@ -15,6 +15,7 @@ Rules this module enforces (see STYLE.md §8):
 from __future__ import annotations
 
 import atexit
+import http.client
 import logging
 import os
 import signal
@@ -177,8 +178,8 @@ class ManagedProcess:
                     self.remember_descendants()
                     return time.monotonic() - t0
                 last = f"HTTP {e.code}"
-            except (urllib.error.URLError, OSError) as e:
-                last = str(e)
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+                last = str(e)  # HTTPException: before the bind, a port in the ephemeral range may connect to itself
             if time.monotonic() - t0 > timeout:
                 raise self.fail(f"not ready after {timeout:.0f}s at {url} (last: {last})")
             time.sleep(interval)
