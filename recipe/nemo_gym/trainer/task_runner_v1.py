@@ -66,7 +66,7 @@ from recipe.nemo_gym.algorithms import (  # masked_grpo registers verl's masked_
 )
 from recipe.nemo_gym.algorithms.onpolicy_gap import logprob_gap_by_env
 from recipe.nemo_gym.config.load import load_config
-from recipe.nemo_gym.servers.engines import check_engine_available
+from recipe.nemo_gym.servers.engines import check_engine_available, load_engine_class
 from recipe.nemo_gym.trainer import storage
 from recipe.nemo_gym.trainer.async_modes import (
     check_separate_async,
@@ -344,6 +344,7 @@ class NemoGymTaskRunnerV1Impl:
         OmegaConf.resolve(config)
         self.config = config
         gym = load_config(config, check_files=False).gym  # the nemo_gym: section, validated by main
+        load_engine_class(config)  # before the warm launcher takes this process's environment
         with early_gym_servers(gym):  # Gym's Ray head comes up while verl starts its workers and vLLM
             self._run(trainer_cls, config)
 

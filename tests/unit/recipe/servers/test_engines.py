@@ -103,3 +103,24 @@ def test_both_task_runners_check_the_engine_before_anything_starts(runner, monke
     )
     with pytest.raises(SetupError, match="stopped here"):
         impl.run(config)
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_the_engine_class_is_loaded_by_the_registry_entry_of_the_configs_engine(monkeypatch, name):
+    """The TaskRunner loads its engine before Gym's warm launcher starts (the import changes the environment the
+    launcher takes): the entry of the config's engine is called, and only it. Fake loaders stand in for verl's."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    calls = []
+
+    class FakeReplica:
+        pass
+
+    monkeypatch.setattr(
+        RolloutReplicaRegistry,
+        "_registry",
+        {n: (lambda n=n: calls.append(n) or FakeReplica) for n in ("vllm", "sglang")},
+    )
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": name}}})
+    assert engines.load_engine_class(cfg) is FakeReplica
+    assert calls == [name]
