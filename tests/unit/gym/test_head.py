@@ -2,39 +2,27 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
 
 from nemo_gym_adapter.gym.head import answers, http_get
+from tests.support.raw_http import ECHO, replying_server
 
 
 def _one_shot_server(reply: bytes | None) -> tuple[str, threading.Thread]:
-    """A loopback listener that takes one connection, reads the request and sends ``reply`` (None: echoes the request
-    back, which is what a socket connected to itself reads -- the port not yet bound, in the ephemeral range)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(1)
-
-    def serve() -> None:
-        conn, _ = srv.accept()
-        with conn:
-            request = conn.recv(65536)
-            conn.sendall(request if reply is None else reply)
-        srv.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return f"http://127.0.0.1:{srv.getsockname()[1]}/health", t
+    """One connection answered with ``reply`` (``ECHO``: the request itself, what a socket connected to itself reads --
+    the port not yet bound, in the ephemeral range)."""
+    port, t = replying_server([reply])
+    return f"http://127.0.0.1:{port}/health", t
 
 
 def test_a_socket_that_echoes_the_request_is_no_answer_and_says_so_as_an_oserror():
-    url, t = _one_shot_server(None)
+    url, t = _one_shot_server(ECHO)
     with pytest.raises(OSError, match=r"not an HTTP answer \(BadStatusLine: GET /health HTTP/1.1"):
         http_get(url, timeout=3.0)
     t.join(5)
-    url, t = _one_shot_server(None)
+    url, t = _one_shot_server(ECHO)
     assert answers(url) is False  # readiness probes see "not up yet", not an exception
     t.join(5)
 

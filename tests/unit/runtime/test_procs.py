@@ -49,28 +49,13 @@ def test_waiting_for_a_server_reads_a_non_http_answer_as_not_ready_yet(tmp_path)
     """Before a server binds a port in the ephemeral range, a probe can connect to itself and read its own request
     back (BadStatusLine): that is "not up yet", not an error of the wait. Here the first connection is echoed, the
     second answered 200."""
-    import socket
-    import threading
-
     from nemo_gym_adapter.runtime.procs import ManagedProcess
+    from tests.support.raw_http import ECHO, replying_server
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(2)
-
-    def serve() -> None:
-        for reply in (None, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"):
-            conn, _ = srv.accept()
-            with conn:
-                request = conn.recv(65536)
-                conn.sendall(request if reply is None else reply)
-        srv.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
+    port, t = replying_server([ECHO, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"])
     proc = ManagedProcess("sleeper", ["sleep", "30"], tmp_path / "sleeper.log")
     try:
-        url = f"http://127.0.0.1:{srv.getsockname()[1]}/health"
+        url = f"http://127.0.0.1:{port}/health"
         assert proc.wait_http_ready(url, timeout=20, interval=0.05) < 20
     finally:
         proc.stop()
