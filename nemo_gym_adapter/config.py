@@ -45,6 +45,7 @@ to each other), and, when it is one of the keys that matter most, a line in the 
                                      # readable rollouts (rollouts.dump); dir null: <trainer.rollout_data_dir>/gym
       trusted_logprobs: {enable: false, check_every: 10, max_mean_abs_diff: 1.0e-4, max_abs_diff: 1.0e-2,
                          on_exceed: recompute}   # rollout log-probs as the old ones, guarded (recipe logprob_guard)
+      auto_dtype: {bf16_peak_gib: null}   # rollout.dtype: auto weighs this measured peak (recipe.nemo_gym.cpu.dtype)
 
 The rules that span our section and verl's keys (estimators, GDPO, group filtering, the engine) are
 :mod:`recipe.nemo_gym.config.checks`; the whole config is read by :mod:`recipe.nemo_gym.config.load`.
@@ -174,6 +175,16 @@ class TrustedLogprobsSection(_Section):
     on_exceed: Literal["recompute", "fail"] = "recompute"
 
 
+class AutoDtypeSection(_Section):
+    """``nemo_gym.auto_dtype``: what ``actor_rollout_ref.rollout.dtype: auto`` weighs on a CPU without bfloat16
+    instructions, where float32 is faster but bigger (``recipe.nemo_gym.cpu.dtype``)."""
+
+    # This config's peak memory on the node (GiB, as docs/BENCHMARKS.md writes GB), measured with a bfloat16 rollout
+    # engine; a config sets it with the measurement's source in a comment. auto picks float32 only when this plus
+    # float32's estimated extra stays under Ray's memory line. null: not measured -- auto decides by the CPU alone.
+    bf16_peak_gib: float | None = Field(None, gt=0)
+
+
 RAY_HEAD_MODES = ("early", "gym")  # nemo_gym.ray_head values that are not a host:port
 
 
@@ -242,6 +253,7 @@ class NemoGymConfig(_Section):
     liveness: LivenessSection = Field(default_factory=LivenessSection)
     rollout_dump: RolloutDumpSection = Field(default_factory=RolloutDumpSection)
     trusted_logprobs: TrustedLogprobsSection = Field(default_factory=TrustedLogprobsSection)
+    auto_dtype: AutoDtypeSection = Field(default_factory=AutoDtypeSection)
 
     @field_validator("config_overrides")
     @classmethod

@@ -12,7 +12,9 @@ can be overridden as usual. The run, in order:
    key, the bad value and the fix, or ``file:line`` (exit 2);
 2. give this process the Ray runtime env of the config (CPU: the verl platform plugin) and resolve the config here,
    where our resolvers (``${ngv_gym_example:...}``, ``${ngv_tiny_model:...}``; ``recipe.nemo_gym.config.resolvers``)
-   are registered; decide who may reach the run (``recipe.nemo_gym.trainer.access.prepare_access``, ``nemo_gym_adapter.access``): on one host
+   are registered; on the CPU platform turn ``actor_rollout_ref.rollout.dtype: auto`` into bfloat16 or float32 from
+   this CPU and the node's memory, printed (:func:`_rollout_dtype`); decide who may reach the run
+   (``recipe.nemo_gym.trainer.access.prepare_access``, ``nemo_gym_adapter.access``): on one host
    every process of the run listens on loopback only, a Ray the recipe starts gets a token of its own, and the run's
    rollout key is made here and published for the run's processes as soon as Ray is up;
 3. run verl's ``run_ppo`` with :data:`recipe.nemo_gym.trainer.task_runner_v1.NemoGymTaskRunnerV1` (``trainer.use_v1=True``,
@@ -104,8 +106,8 @@ def run(cfg: DictConfig) -> int:
     if access.key is not None and recipe.rollout_name == "sglang":
         _load_in_workers(cfg, SGLANG_KEYED_CLIENT)  # verl's own HTTP client of SGLang sends the key too
     _apply_runtime_env(cfg)  # before verl is imported: verl resolves its platform once per process
-    _dtype_notice(cfg)
     OmegaConf.resolve(cfg)  # our resolvers exist only in this process; verl's TaskRunner gets plain values
+    _rollout_dtype(cfg, recipe.gym.auto_dtype.bf16_peak_gib)  # after resolve: model.path is a real directory now
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     _TERMINATED.clear()
     _reinstall_after_ray_init(_exit_on_sigterm)
@@ -140,20 +142,40 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-def _dtype_notice(cfg: DictConfig) -> None:
-    """On the CPU platform, say whether the rollout engine's bfloat16 is native here (``recipe.nemo_gym.cpu.dtype``)."""
+def _rollout_dtype(cfg: DictConfig, bf16_peak_gib: float | None) -> None:
+    """On the CPU platform: ``actor_rollout_ref.rollout.dtype: auto`` becomes ``bfloat16`` or ``float32`` here, chosen
+    from this CPU and the node's memory (``recipe.nemo_gym.cpu.dtype``), in one start-up line saying which and why;
+    any other dtype is left as set, with a notice whether its bfloat16 is native. (``auto`` elsewhere was refused by
+    the config check: verl's workers never see the word.)"""
     if os.environ.get("VERL_PLATFORM") != "cpu":
         return
-    from recipe.nemo_gym.cpu.dtype import bf16_notice, cpu_flags
+    from recipe.nemo_gym.cpu import dtype
 
-    try:
-        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
-    except OSError:
+    flags = dtype.cpu_flags(_read_proc("cpuinfo"))
+    current = OmegaConf.select(cfg, dtype.DTYPE_KEY, default=None)
+    if str(current).lower() != checks.AUTO_DTYPE:
+        notice = dtype.bf16_notice(current, flags)
+        if notice is not None:
+            slow, message = notice
+            (logger.warning if slow else logger.info)(message)
         return
-    notice = bf16_notice(OmegaConf.select(cfg, "actor_rollout_ref.rollout.dtype", default=None), flags)
-    if notice is not None:
-        slow, message = notice
-        (logger.warning if slow else logger.info)(message)
+    model_path = str(OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=""))
+    choice = dtype.choose_rollout_dtype(
+        flags,
+        bf16_peak_gib=bf16_peak_gib,
+        mem_total_gib=dtype.mem_total_gib(_read_proc("meminfo")),
+        count_params=lambda: dtype.checkpoint_params(model_path),
+    )
+    OmegaConf.update(cfg, dtype.DTYPE_KEY, choice.dtype)
+    (logger.warning if choice.warn else logger.info)(choice.line)
+
+
+def _read_proc(name: str) -> str:
+    """``/proc/<name>``'s text, or "" where there is none (not Linux)."""
+    try:
+        return Path("/proc", name).read_text()
+    except OSError:
+        return ""
 
 
 def check_rows(cfg: DictConfig) -> None:

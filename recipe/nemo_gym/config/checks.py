@@ -11,7 +11,8 @@ value and the fix, so that :func:`~recipe.nemo_gym.config.load.load_config` repo
 - ``nemo_gym.trajectory.contiguity: split``: the trainer and the estimators that count a split rollout once;
 - group filtering (``algorithm.filter_groups``): the trainer and a metric masked samples cannot decide;
 - micro-batches (``*_micro_batch_size_per_gpu``): a worker's batch must divide into them;
-- Ray's dashboard (``ray_kwargs.ray_init.include_dashboard``) only with ``nemo_gym.access.ray_dashboard``.
+- Ray's dashboard (``ray_kwargs.ray_init.include_dashboard``) only with ``nemo_gym.access.ray_dashboard``;
+- ``actor_rollout_ref.rollout.dtype: auto`` only on the CPU platform, where ``recipe.nemo_gym.cpu.dtype`` decides it.
 """
 
 from __future__ import annotations
@@ -208,6 +209,20 @@ def check_ray_dashboard(include_dashboard: Any, ray_dashboard: bool, problems: l
             "ray_kwargs.ray_init.include_dashboard=true: nemo_gym.access.ray_dashboard is false, so the run starts Ray "
             "without its dashboard and metrics exporters (they answer every user of the host; docs/CLUSTER.md). Set "
             "nemo_gym.access.ray_dashboard=true for both, or drop include_dashboard"
+        )
+
+
+AUTO_DTYPE = "auto"  # actor_rollout_ref.rollout.dtype decided from the CPU by the driver (recipe.nemo_gym.cpu.dtype)
+
+
+def check_rollout_dtype(dtype: Any, platform: Any, problems: list[str]) -> None:
+    """``actor_rollout_ref.rollout.dtype: auto`` outside the CPU platform (``VERL_PLATFORM=cpu``): the driver decides
+    ``auto`` from the CPU's bfloat16 instructions and the node's memory, which say nothing about a GPU engine -- and
+    verl would hand the word to vLLM, whose own ``auto`` means the checkpoint's dtype."""
+    if str(dtype).lower() == AUTO_DTYPE and str(platform).lower() != "cpu":
+        problems.append(
+            f"actor_rollout_ref.rollout.dtype=auto: decided from the CPU, on the CPU platform only (VERL_PLATFORM=cpu; "
+            f"here {platform!r}); set bfloat16 (or float16) for a GPU engine"
         )
 
 

@@ -11,6 +11,7 @@ The ``${ngv_...}`` resolvers the shipped configs use live in :mod:`recipe.nemo_g
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,11 @@ def load_config(cfg: Any, *, check_files: bool = True) -> RecipeConfig:
     checks.check_ray_dashboard(
         _select(cfg, "ray_kwargs.ray_init.include_dashboard", None),
         gym is not None and gym.access.ray_dashboard,
+        problems,
+    )
+    checks.check_rollout_dtype(
+        _select(cfg, "actor_rollout_ref.rollout.dtype", None),
+        _select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM", None) or os.environ.get("VERL_PLATFORM"),
         problems,
     )
     actor = "actor_rollout_ref.actor"

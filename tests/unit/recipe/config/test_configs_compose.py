@@ -302,3 +302,13 @@ def test_the_latency_config_points_gym_at_our_own_server():
     assert (server / "app.py").is_file() and (server / "requirements.txt").is_file()
     latency = cfg.nemo_gym.config_overrides.toy_latency.resources_servers.toy_latency.tool_latency_s
     assert latency >= 0
+
+
+@pytest.mark.parametrize(("name", "peak"), [("nemo_gym_cpu_qwen_weather", 19.8), ("nemo_gym_cpu_qwen_calc", 21.4)])
+def test_the_tool_model_configs_pick_their_rollout_dtype_from_the_cpu_with_their_measured_peak(name, peak):
+    """``dtype: auto`` with the bfloat16 peak each measured (recipe.nemo_gym.cpu.dtype decides; its tests say how);
+    the other CPU configs set float32, which auto never overrides."""
+    cfg = _compose(name)
+    assert cfg.actor_rollout_ref.rollout.dtype == "auto"
+    assert load_config(cfg).gym.auto_dtype.bf16_peak_gib == peak
+    assert _compose("nemo_gym_cpu_qwen_tools").actor_rollout_ref.rollout.dtype == "float32"
