@@ -112,7 +112,7 @@ def choose_rollout_dtype(
     native = native_bf16(flags)
     if native:
         return DtypeChoice("bfloat16", head + f"bfloat16: native on this CPU ({', '.join(native)})")
-    emulated = f"no {' or '.join(NATIVE_BF16_FLAGS)} in /proc/cpuinfo: bfloat16 would be emulated ({EMULATED_COST})"
+    emulated = f"no {' or '.join(NATIVE_BF16_FLAGS)} in /proc/cpuinfo, so bfloat16 is emulated ({EMULATED_COST})"
     if bf16_peak_gib is None:
         return DtypeChoice(
             "float32",
@@ -124,7 +124,7 @@ def choose_rollout_dtype(
         missing = "the model's parameter count (no safetensors headers to read)" if params is None else "MemTotal"
         return DtypeChoice(
             "bfloat16",
-            head + f"bfloat16, though {emulated}: float32's memory cannot be estimated without {missing}; set "
+            head + f"bfloat16 though {emulated}: float32's memory cannot be estimated without {missing}; set "
             f"{DTYPE_KEY}=float32 if this node has room for it, or bfloat16 to keep this",
             True,
         )
@@ -140,7 +140,7 @@ def choose_rollout_dtype(
         return DtypeChoice("float32", head + f"float32: {emulated}; {numbers}, within {ray_line}")
     return DtypeChoice(
         "bfloat16",
-        head + f"bfloat16, emulated and slow here ({emulated}): float32 does not fit: {numbers}, past {ray_line}. "
+        head + f"bfloat16 though {emulated}: float32 does not fit: {numbers}, past {ray_line}. "
         f"For float32's speed: a node with >= {need / RAY_MEMORY_LINE:.1f} GiB, or set {DTYPE_KEY}=float32 "
         f"explicitly (Ray's memory monitor may kill the run); {DTYPE_KEY}=bfloat16 keeps this without the warning",
         True,
