@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_gym_adapter.data.jsonl import json_error_message, read_lines
+from nemo_gym_adapter.data.jsonl import read_objects
 from nemo_gym_adapter.errors import DatasetError
 
 KEPT, NEVER, ALWAYS, OUTSIDE, UNMEASURED, MASKED = (
@@ -128,21 +128,6 @@ def select(
     return sel
 
 
-def _read(path: Path) -> list[tuple[int, str, dict[str, Any]]]:
-    out = []
-    for number, text, lead in read_lines(str(path)):
-        if isinstance(text, DatasetError):
-            raise text
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"{path}:{number}: {json_error_message(e, text, lead)}") from None
-        if not isinstance(obj, dict):
-            raise DatasetError(f"{path}:{number}: a JSON object expected, got {type(obj).__name__}")
-        out.append((number, text, obj))
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--rows", type=Path, required=True, help="the Gym JSONL the rollouts were collected from")
@@ -154,11 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0.0 <= args.above < args.below <= 1.0:
         p.error(f"need 0 <= --above < --below <= 1, got {args.above} and {args.below}")
     try:
-        rows = _read(args.rows)
+        rows = list(read_objects(str(args.rows)))
         for number, _, row in rows:
             if not isinstance(row.get("responses_create_params"), dict):
                 raise DatasetError(f"{args.rows}:{number}: no responses_create_params object")
-        rollouts = [obj for path in args.rollouts for _, _, obj in _read(path)]
+        rollouts = [obj for path in args.rollouts for _, _, obj in read_objects(str(path))]
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
