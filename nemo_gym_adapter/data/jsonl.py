@@ -66,3 +66,21 @@ def json_error_message(e: json.JSONDecodeError, text: str, lead: int) -> str:
     if e.msg == "Extra data" and "\r" in text:
         hint = "; the line holds a bare carriage return: CR-only (classic Mac) line ends? Use LF or CRLF"
     return f"invalid JSON: {e.msg} (column {e.colno + lead}){hint}"
+
+
+def read_objects(path: str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """``(line number, stripped text, object)`` of every non-blank line, each a JSON object.
+
+    Raises:
+        DatasetError: at the first line that is not UTF-8, not JSON or not an object, naming ``file:line``.
+    """
+    for number, text, lead in read_lines(path):
+        if isinstance(text, DatasetError):
+            raise text
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path}:{number}: {json_error_message(e, text, lead)}") from None
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{path}:{number}: a JSON object expected, got {type(obj).__name__}")
+        yield number, text, obj

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from nemo_gym_adapter.data.rows import validate_row
+from nemo_gym_adapter.runtime import paths
 from tests.support.row_scripts import assert_regenerated, load_script
 
 
@@ -88,3 +89,16 @@ def test_sizes_that_cannot_be_split_evenly_are_an_error():
         script.make(240, 48, 2025)
     with pytest.raises(ValueError, match="--train 250"):
         script.make(250, 50, 2025)
+
+
+def test_the_mixed_rows_are_training_rows_as_written_in_their_order():
+    """``calc_train_mixed.jsonl`` (the rows the untrained model sometimes solves: ``nemo_gym_adapter.data.pass_rates``
+    over a sampled ``collect``, docs/BENCHMARKS.md) can only be measured, not regenerated: it must be a selection of
+    the generator's training rows, byte for byte and in their order, never a validation row."""
+    data = paths.REPO_ROOT / "configs" / "data"
+    train = (data / "calc_train.jsonl").read_text(encoding="utf-8").splitlines()
+    mixed = (data / "calc_train_mixed.jsonl").read_text(encoding="utf-8").splitlines()
+    position = {line: i for i, line in enumerate(train)}
+    assert mixed and all(line in position for line in mixed)
+    assert [position[line] for line in mixed] == sorted(position[line] for line in mixed)
+    assert len(set(mixed)) == len(mixed)

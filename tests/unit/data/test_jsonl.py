@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nemo_gym_adapter.data.dataset import load_gym_jsonl
-from nemo_gym_adapter.data.jsonl import read_lines
+from nemo_gym_adapter.data.jsonl import read_lines, read_objects
 from nemo_gym_adapter.errors import DatasetError
 
 GOOD = Path(__file__).resolve().parents[2] / "fixtures" / "encodings_jsonl"
@@ -61,3 +61,12 @@ def test_a_line_that_is_not_utf8_is_reported_and_the_rest_still_checked(tmp_path
         load_gym_jsonl(path, default_agent="a")
     message = str(info.value)
     assert message.startswith("2 invalid") and f"{path}:1: not UTF-8" in message and f"{path}:2: missing" in message
+
+
+def test_read_objects_names_the_first_line_that_is_not_an_object(tmp_path):
+    p = tmp_path / "rows.jsonl"
+    p.write_text('{"a": 1}\n\n[1, 2]\n{"b": 2}\n', encoding="utf-8")
+    objects = read_objects(str(p))
+    assert next(objects) == (1, '{"a": 1}', {"a": 1})
+    with pytest.raises(DatasetError, match=rf"{p}:3: a JSON object expected, got list"):
+        next(objects)
