@@ -6,4 +6,5 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 bash scripts/setup.sh
-exec .venv/bin/python -m recipe.nemo_gym.main --config-name nemo_gym_cpu_toy "$@"
+# the launch starts here, not with this shell: exec keeps its process (and its start time) for the driver
+NGV_LAUNCH_T0="$(date +%s.%N)" exec .venv/bin/python -m recipe.nemo_gym.main --config-name nemo_gym_cpu_toy "$@"

@@ -119,11 +119,21 @@ class StartupTimeline:
 TIMELINE = StartupTimeline()
 
 
-def launch_t0() -> str:
-    """This process's start time, as :data:`LAUNCH_T0_ENV` carries it (the driver sets it for its Ray workers)."""
+def launch_t0(environ: dict[str, str] | None = None) -> str:
+    """This launch's start, as :data:`LAUNCH_T0_ENV` carries it (the driver sets it for its Ray workers): the process's
+    start time -- or a later one the environment already holds: a wrapper that ``exec``s the driver (``scripts/run.sh``
+    after its set-up) keeps its own process, so the process's start would count the wrapper's set-up as start-up; it
+    sets :data:`LAUNCH_T0_ENV` just before the ``exec``. A value from before this process began (a parent's launch)
+    is stale and ignored."""
+    given = (os.environ if environ is None else environ).get(LAUNCH_T0_ENV)
     try:
         import psutil
 
-        return repr(psutil.Process().create_time())
+        started = psutil.Process().create_time()
     except Exception:
         return repr(time.time())
+    try:
+        at = float(given) if given else None
+    except ValueError:
+        at = None
+    return repr(at if at is not None and started <= at <= time.time() else started)

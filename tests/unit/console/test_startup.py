@@ -4,6 +4,7 @@ launch, a phase without both marks left out (never guessed), the first mark of a
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 
@@ -63,3 +64,12 @@ def test_the_launch_comes_from_the_drivers_environment_and_this_process_start_fr
     broken = StartupTimeline()
     broken.mark_process_start({LAUNCH_T0_ENV: "not a time"})
     assert broken.get("launch") is None and broken.get("taskrunner") is not None
+
+
+def test_a_wrapper_that_execs_the_driver_sets_the_launch_and_a_stale_one_is_ignored():
+    started = psutil.Process(os.getpid()).create_time()
+    later = started + 0.5  # an exec'ing wrapper's set-up ended here (this process is older than that)
+    assert float(launch_t0({LAUNCH_T0_ENV: repr(later)})) == later
+    assert float(launch_t0({LAUNCH_T0_ENV: repr(started - 100)})) == started  # a parent launch's value
+    assert float(launch_t0({LAUNCH_T0_ENV: repr(time.time() + 100)})) == started  # not yet: not a start
+    assert float(launch_t0({LAUNCH_T0_ENV: "garbage"})) == float(launch_t0({})) == started
