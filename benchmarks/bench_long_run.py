@@ -241,7 +241,11 @@ def windows(metrics: dict[int, dict[str, float]], curve: RewardCurve, final: int
 
 def report(out: Path, early_step: int, best_before: int) -> int:
     result = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else {}
-    metrics = load_step_metrics(out / "run" / "metrics.jsonl")
+    try:
+        metrics = load_step_metrics(out / "run" / "metrics.jsonl")
+    except MetricsFileError as e:  # the run ended before its first step logged (an OOM kill at start-up, a bad key)
+        print(f"no step logged: {e}; the per-second samples of every process stay in {out / 'samples.jsonl'}")
+        return 1
     curve = reward_curve(metrics, str(out / "run" / "metrics.jsonl"))
     final = last_step(metrics)
     by_step: dict[int, dict] = {}
