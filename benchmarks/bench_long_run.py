@@ -244,7 +244,7 @@ def report(out: Path, early_step: int, best_before: int) -> int:
     try:
         metrics = load_step_metrics(out / "run" / "metrics.jsonl")
     except MetricsFileError as e:  # the run ended before its first step logged (an OOM kill at start-up, a bad key)
-        print(f"no step logged: {e}; the per-second samples of every process stay in {out / 'samples.jsonl'}")
+        print(f"no step logged: {e}; every process's sampled memory stays in {out / 'samples.jsonl'}")
         return 1
     curve = reward_curve(metrics, str(out / "run" / "metrics.jsonl"))
     final = last_step(metrics)
