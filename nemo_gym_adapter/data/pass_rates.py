@@ -23,7 +23,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,11 @@ class Selection:
     kept: list[str]  # the kept rows' lines, as written
     verdicts: list[tuple[int, str, float | None]]  # (line number, verdict, pass rate) for every row of --rows
     unmatched_rollouts: int = 0
-    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Rows per verdict."""
+        return Counter(verdict for _, verdict, _ in self.verdicts)
 
 
 def tally(rollouts: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Tally], int]:
@@ -123,7 +127,6 @@ def select(
         else:
             verdict = OUTSIDE
         sel.verdicts.append((number, verdict, rate))
-        sel.counts[verdict] += 1
     sel.unmatched_rollouts = sum(t.solved + t.unsolved + t.masked for k, t in tallies.items() if k not in used)
     return sel
 
@@ -165,9 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _summary(sel: Selection) -> str:
-    return ", ".join(
-        f"{k} {sel.counts[k]}" for k in (KEPT, NEVER, ALWAYS, OUTSIDE, UNMEASURED, MASKED) if sel.counts[k]
-    )
+    counts = sel.counts
+    return ", ".join(f"{k} {counts[k]}" for k in (KEPT, NEVER, ALWAYS, OUTSIDE, UNMEASURED, MASKED) if counts[k])
 
 
 if __name__ == "__main__":
