@@ -222,20 +222,14 @@ def check_guarded(base_urls: Mapping[str, str], timeout_s: float = 10.0) -> None
     """Raise ``GymServerError`` naming every server of ``base_urls`` (name -> ``http://host:port``) that does not answer
     a keyless ``GET /`` with this guard's 401, and what it answered. Run once Gym is up: a server that did not get the
     guard (an interpreter that skipped ``sitecustomize``) stops the launch instead of serving everyone."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
     from nemo_gym_adapter.errors import GymServerError
+    from nemo_gym_adapter.runtime.http_get import http_get
 
     open_ = []
     for name, url in base_urls.items():
         try:
-            with urllib.request.urlopen(url.rstrip("/") + "/", timeout=timeout_s) as response:
-                status, body = response.status, response.read(4096)
-        except urllib.error.HTTPError as e:
-            status, body = e.code, e.read(4096)
-        except (OSError, http.client.HTTPException) as e:
+            status, body = http_get(url.rstrip("/") + "/", timeout=timeout_s, limit=4096)
+        except OSError as e:
             open_.append(f"{name} ({url}): no answer ({type(e).__name__})")
             continue
         if status != 401 or b"nemo-gym-verl" not in body:

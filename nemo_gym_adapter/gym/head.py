@@ -6,12 +6,9 @@ are both read through it (``GymServers`` adds the lifecycle).
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -21,6 +18,7 @@ from nemo_gym_adapter.data.routing import GymRoutes
 from nemo_gym_adapter.errors import GymServerError
 from nemo_gym_adapter.gym.capture import capture_dir
 from nemo_gym_adapter.gym.launch import API_KEY_REF
+from nemo_gym_adapter.runtime.http_get import http_get as runtime_http_get
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +38,8 @@ class GymServerInstance(BaseModel):
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """GET ``url`` (with the run's key when Gym's servers require it): (status, body). Raises ``OSError`` when
-    nothing answers in HTTP -- no listener, or one that answers something else. The second happens before a server
-    binds its port: a port in the kernel's ephemeral range (Gym's ports are) can connect to itself, and the "answer"
-    read back is our own request line (``BadStatusLine: GET /health HTTP/1.1``, seen in a unit run with both cores
-    busy); as an ``http.client`` error it escaped every caller's ``except OSError`` and failed a start-up."""
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=client_headers()), timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-    except http.client.HTTPException as e:
-        raise ConnectionError(f"{url}: not an HTTP answer ({type(e).__name__}: {e})") from e
+    nothing answers in HTTP (``nemo_gym_adapter.runtime.http_get``: no listener, or a port connected to itself)."""
+    return runtime_http_get(url, client_headers(), timeout)
 
 
 def answers(url: str) -> bool:

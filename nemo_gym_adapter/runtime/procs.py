@@ -15,20 +15,18 @@ Rules this module enforces (see STYLE.md §8):
 from __future__ import annotations
 
 import atexit
-import http.client
 import logging
 import os
 import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 from nemo_gym_adapter.errors import ServerError
+from nemo_gym_adapter.runtime.http_get import http_get
 
 logger = logging.getLogger(__name__)
 
@@ -168,18 +166,14 @@ class ManagedProcess:
             if not self.alive():
                 raise self.fail(f"exited with code {self.popen.returncode} before {url} answered")
             try:
-                with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {})), timeout=5) as r:
-                    if r.status in ok_statuses:
-                        self.remember_descendants()
-                        return time.monotonic() - t0
-                    last = f"HTTP {r.status}"
-            except urllib.error.HTTPError as e:
-                if e.code in ok_statuses:
+                status, _ = http_get(url, headers, timeout=5, limit=0)
+            except OSError as e:  # nothing answers in HTTP yet (a URLError is an OSError)
+                last = str(e)
+            else:
+                if status in ok_statuses:
                     self.remember_descendants()
                     return time.monotonic() - t0
-                last = f"HTTP {e.code}"
-            except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-                last = str(e)  # HTTPException: before the bind, a port in the ephemeral range may connect to itself
+                last = f"HTTP {status}"
             if time.monotonic() - t0 > timeout:
                 raise self.fail(f"not ready after {timeout:.0f}s at {url} (last: {last})")
             time.sleep(interval)
