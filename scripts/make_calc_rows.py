@@ -3,9 +3,9 @@
 ``a + b + 1.2``, ``multiply`` ``1.1 * a * b``, ``sin`` the cosine, ...; the verifier rewards a rollout whose tool
 outputs include every value asked for, exactly), with expressions a 0.5B model can chain.
 
-    python scripts/make_calc_rows.py [--out configs/data] [--train 240] [--val 48] [--seed 2025]
+    python scripts/make_calc_rows.py [--out configs/data] [--train 240] [--val 50] [--guided 60] [--seed 2025]
 
-writes ``calc_train.jsonl`` and ``calc_val.jsonl`` (committed; ``tests/unit/data/test_calc_rows.py`` regenerates them
+writes ``calc_train.jsonl``, ``calc_val.jsonl`` and ``calc_train_guided.jsonl`` (committed; ``tests/unit/data/test_calc_rows.py`` regenerates them
 and compares bytes, so they are never hand-edited). Each row is the environment's own format: the user's request, the
 tools it needs among the environment's
 eleven tool schemas (copied from Gym's example rows; five per row, the others drawn at random), ``ground_truth`` (a JSON list of the values, one
@@ -20,6 +20,12 @@ the outer call: ``(2.0 * 3.0) + 4.0`` is ``multiply(2.0, 3.0)`` -> 6.60000000000
 operation (depth 1), two values at once (depth 1, breadth 2), an operation on an operation's result (depth 2). The
 validation rows (greedy) are held out by numbers (operands training never uses) and by family (chains of three
 operations and operations training never asks for: ``log``, ``power``, ``pi``).
+
+``calc_train_guided.jsonl`` (training operands, its own random stream: the two other files do not move with it) is a
+curriculum for the chain: depth-2 requests whose text also spells out the two calls -- "First call multiply with
+a=3.0, b=2.0; then call cos with radians= the number multiply returned." -- so that sampled rollouts pass a returned
+value on often enough for a GRPO group to hold both outcomes (the untrained 0.5B solved 2 of 320 sampled plain
+chained rollouts: docs/BENCHMARKS.md). The verifier is the environment's; only the request says more.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Callable
 from nemo_gym_adapter.data.row_files import split_parser, write_jsonl
 
 AGENT = "math_advanced_calculations_simple_agent"
-TRAIN_FILE, VAL_FILE = "calc_train.jsonl", "calc_val.jsonl"
+TRAIN_FILE, VAL_FILE, GUIDED_FILE = "calc_train.jsonl", "calc_val.jsonl", "calc_train_guided.jsonl"
 
 
 def _tool(name: str, description: str, params: dict[str, str]) -> dict:
@@ -156,10 +162,13 @@ def shortcuts(text: str) -> set[float]:
     return out
 
 
-def _request(exprs: list[Expr]) -> str:
+def _request(exprs: list[Expr], hint: str = "") -> str:
     if len(exprs) == 1:
-        return f"Get me the value for {exprs[0][0]} using only the given tools."
-    return f"Get me the values for {', '.join(e[0] for e in exprs[:-1])} and {exprs[-1][0]} using only the given tools."
+        return f"Get me the value for {exprs[0][0]} using only the given tools.{hint}"
+    return (
+        f"Get me the values for {', '.join(e[0] for e in exprs[:-1])} and {exprs[-1][0]} using only the given "
+        f"tools.{hint}"
+    )
 
 
 Family = Callable[[random.Random, bool], tuple[list[Expr], int]]
@@ -187,6 +196,35 @@ def new_operation(rng: random.Random, val: bool) -> tuple[list[Expr], int]:
         inner = expression(rng, 1, TRAIN_OPS, val)
         return [("pi", math.e), inner], 1
     return [expression(rng, 1, (op,), val, first=op)], 1
+
+
+def _params(op: str) -> list[str]:
+    """The argument names of ``op``'s tool, in its schema's order."""
+    (tool,) = [t for t in TOOLS if t["name"] == TOOL_OF[op]]
+    return list(tool["parameters"]["properties"])
+
+
+def _call(op: str, args: list[str]) -> str:
+    return f"call {TOOL_OF[op]} with {', '.join(f'{p}={a}' for p, a in zip(_params(op), args, strict=True))}"
+
+
+def guided_chain(rng: random.Random, val: bool) -> tuple[Expr, str]:
+    """A depth-2 expression of the training operations and the sentence that spells out its two calls, the outer
+    call's returned-value argument named, not given (the model still has to copy what the first call returned)."""
+    inner_op, outer_op = rng.choice(TRAIN_OPS), rng.choice(TRAIN_OPS)
+    leaf = _leaf(rng, val)
+    inner_args = [leaf, _leaf(rng, val)] if inner_op in BINARY else [leaf]
+    inner = _apply(rng, inner_op, inner_args, val)
+    outer_args = [inner, _leaf(rng, val)] if outer_op in BINARY else [inner]
+    if outer_op in BINARY and rng.random() < 0.5:
+        outer_args.reverse()
+    outer = _apply(rng, outer_op, outer_args, val)
+    returned = f"the number {TOOL_OF[inner_op]} returned"
+    hint = (
+        f" First {_call(inner_op, [a for a, _ in inner_args])}; then "
+        f"{_call(outer_op, [returned if x is inner else x[0] for x in outer_args])}."
+    )
+    return outer, hint
 
 
 TRAIN_FAMILIES: dict[str, Family] = {f.__name__: f for f in (one_operation, two_values, chained)}
@@ -270,17 +308,44 @@ def make(n_train: int, n_val: int, seed: int) -> tuple[list[dict], list[dict]]:
     )
 
 
+def make_guided(n: int, seed: int, taken: list[dict]) -> list[dict]:
+    """``n`` guided depth-2 training rows (:func:`guided_chain`), family ``guided_chain``, from their own random
+    stream; no expression of ``taken``'s rows (the training and validation rows) is asked again, none has a one-call
+    shortcut."""
+    rng, seen = random.Random(seed + 2), {r["responses_create_params"]["input"][0]["content"] for r in taken}
+    rows = []
+    for index in range(n):
+        for _attempt in range(200):
+            (text, value), hint = guided_chain(rng, False)
+            if _request([(text, value)]) not in seen and math.isfinite(value) and value not in shortcuts(text):
+                break
+        else:
+            raise ValueError(f"guided_chain: no new finite expression in 200 draws (row {index})")
+        seen.add(_request([(text, value)]))
+        exprs = [(text, value)]
+        guided = row("guided_chain", exprs, 2, index, tools_for(rng, exprs))
+        guided["responses_create_params"]["input"][0]["content"] = _request(exprs, hint)
+        rows.append(guided)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = split_parser(__doc__, train=240, val=50)
+    p.add_argument("--guided", type=int, default=60, help="guided depth-2 training rows (calc_train_guided.jsonl)")
     args = p.parse_args(argv)
     try:
         train, val = make(args.train, args.val, args.seed)
+        guided = make_guided(args.guided, args.seed, train + val)
     except ValueError as e:
         p.error(str(e))
     args.out.mkdir(parents=True, exist_ok=True)
     write_jsonl(train, args.out / TRAIN_FILE)
     write_jsonl(val, args.out / VAL_FILE)
-    print(f"{len(train)} training rows -> {args.out / TRAIN_FILE}, {len(val)} validation rows -> {args.out / VAL_FILE}")
+    write_jsonl(guided, args.out / GUIDED_FILE)
+    print(
+        f"{len(train)} training rows -> {args.out / TRAIN_FILE}, {len(val)} validation rows -> {args.out / VAL_FILE}, "
+        f"{len(guided)} guided rows -> {args.out / GUIDED_FILE}"
+    )
     return 0
 
 

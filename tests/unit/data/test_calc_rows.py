@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -21,7 +22,7 @@ def _request(r: dict) -> str:
 def test_the_committed_rows_are_the_generators_output(tmp_path):
     script = load_script("make_calc_rows")
     assert script.main(["--out", str(tmp_path)]) == 0
-    assert_regenerated(script, tmp_path, (script.TRAIN_FILE, script.VAL_FILE))
+    assert_regenerated(script, tmp_path, (script.TRAIN_FILE, script.VAL_FILE, script.GUIDED_FILE))
 
 
 def test_validation_is_held_out_by_operands_and_by_family():
@@ -81,6 +82,41 @@ def test_no_nested_row_has_a_one_call_shortcut():
         assert value not in script.shortcuts(_request(r)), _request(r)
     # the filter's control: a coincidence it must catch (1.1 * (6 / 2 * 0.5 ...) -- multiply(6.0, 2.0) == 13.2)
     assert script.BINARY["*"][1](script.BINARY["/"][1](6.0, 2.0), 8.0) in script.shortcuts("((6.0 / 2.0) * 8.0)")
+
+
+def _run_hint(script, hint: str) -> float:
+    """Do what a guided row's request says, with the environment's arithmetic: the first call, then the second with
+    the first's returned value where the request names it."""
+    fn = {script.TOOL_OF[op]: f for op, (_, f) in {**script.BINARY, **script.UNARY}.items()}
+    first, second = re.fullmatch(r" First call (.+); then call (.+)\.", hint).groups()
+    returned = None
+    for call in (first, second):
+        name, args = call.split(" with ", 1)
+        values = [
+            returned if v.startswith("the number ") else float(v) for _, v in (a.split("=") for a in args.split(", "))
+        ]
+        returned = fn[name](*values)
+    return returned
+
+
+def test_guided_rows_spell_out_the_chain_their_ground_truth_needs():
+    script = load_script("make_calc_rows")
+    train, val = script.make(240, 50, 2025)
+    guided = script.make_guided(60, 2025, train + val)
+    assert len(guided) == 60 and {r["family"] for r in guided} == {"guided_chain"}
+    assert script.make(240, 50, 2025) == (train, val)  # the guided stream moves neither file
+    taken = {_request(r) for r in train + val}
+    for i, r in enumerate(guided):
+        assert validate_row(r, f"guided row {i}") == "math_advanced_calculations_simple_agent"
+        text, hint = _request(r).split(" using only the given tools.")
+        expression = text.removeprefix("Get me the value for ")
+        assert f"{text} using only the given tools." not in taken  # never a plain training or validation request
+        (value,) = json.loads(r["ground_truth"])
+        assert _run_hint(script, hint) == value, _request(r)  # the spelled-out calls give the verifier's value
+        assert value not in script.shortcuts(expression)  # the second call needs what the first returned
+        names = {t["name"] for t in r["responses_create_params"]["tools"]}
+        assert script._needed(expression) <= names and r["depth"] == 2 and r["breadth"] == 1
+        assert max(float(x) for x in script._LITERAL.findall(expression)) < 10  # training operands
 
 
 def test_sizes_that_cannot_be_split_evenly_are_an_error():
