@@ -127,14 +127,20 @@ def test_sizes_that_cannot_be_split_evenly_are_an_error():
         script.make(250, 50, 2025)
 
 
-def test_the_mixed_rows_are_training_rows_as_written_in_their_order():
-    """``calc_train_mixed.jsonl`` (the rows the untrained model sometimes solves: ``nemo_gym_adapter.data.pass_rates``
-    over a sampled ``collect``, docs/BENCHMARKS.md) can only be measured, not regenerated: it must be a selection of
-    the generator's training rows, byte for byte and in their order, never a validation row."""
+@pytest.mark.parametrize(
+    ("rows", "mixed"),
+    [("calc_train.jsonl", "calc_train_mixed.jsonl"), ("calc_train_guided.jsonl", "calc_train_guided_mixed.jsonl")],
+)
+def test_the_mixed_rows_are_training_rows_as_written_in_their_order(rows, mixed):
+    """``calc_train_mixed.jsonl`` and ``calc_train_guided_mixed.jsonl`` (the rows the untrained model sometimes
+    solves: ``nemo_gym_adapter.data.pass_rates`` over a sampled ``collect``, docs/BENCHMARKS.md) can only be measured,
+    not regenerated: each must be a selection of the generator's rows, byte for byte and in their order, never a
+    validation row."""
     data = paths.REPO_ROOT / "configs" / "data"
-    train = (data / "calc_train.jsonl").read_text(encoding="utf-8").splitlines()
-    mixed = (data / "calc_train_mixed.jsonl").read_text(encoding="utf-8").splitlines()
+    train = (data / rows).read_text(encoding="utf-8").splitlines()
+    kept = (data / mixed).read_text(encoding="utf-8").splitlines()
     position = {line: i for i, line in enumerate(train)}
-    assert mixed and all(line in position for line in mixed)
-    assert [position[line] for line in mixed] == sorted(position[line] for line in mixed)
-    assert len(set(mixed)) == len(mixed)
+    assert kept and all(line in position for line in kept)
+    assert [position[line] for line in kept] == sorted(position[line] for line in kept)
+    assert len(set(kept)) == len(kept)
+    assert not set(kept) & set((data / "calc_val.jsonl").read_text(encoding="utf-8").splitlines())
