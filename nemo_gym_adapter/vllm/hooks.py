@@ -50,13 +50,13 @@ in this process or inside verl's server actors through Ray) is :mod:`nemo_gym_ad
 from __future__ import annotations
 
 import functools
-import re
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nemo_gym_adapter.errors import SetupError, TokenAlignmentError
+from nemo_gym_adapter.runtime import versions
 from nemo_gym_adapter.tokens.anchor import REQUIRED_PREFIX_KEY, required_prefix, splice_request
 from nemo_gym_adapter.tokens.anchor import Anchor as _Anchor
 from nemo_gym_adapter.tokens.anchor import find_anchor as _find_anchor
@@ -105,9 +105,8 @@ HOOK_TARGETS: tuple[HookTarget, ...] = (
 
 def hook_target_for(version: str) -> HookTarget:
     """The hook for vLLM ``version``; raises ``SetupError`` naming the version and the supported ranges."""
-    m = re.match(r"(\d+)\.(\d+)", version or "")
-    if m:
-        key = (int(m.group(1)), int(m.group(2)))
+    key = versions.major_minor(version)
+    if key is not None:
         for target in HOOK_TARGETS:
             if target.min_version <= key < target.max_version:
                 return target

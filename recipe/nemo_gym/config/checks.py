@@ -17,8 +17,9 @@ value and the fix, so that :func:`~recipe.nemo_gym.config.load.load_config` repo
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+from nemo_gym_adapter.runtime import versions
 
 MASKED_GRPO = (
     "masked_grpo"  # = recipe.nemo_gym.algorithms.masked_grpo.MASKED_GRPO (not imported: that module imports verl)
@@ -232,12 +233,8 @@ STOCK_CLAMP_FROM = (0, 32)  # the first vLLM release whose stock server clamps a
 def stock_vllm_clamps_budgets(vllm_version: str | None) -> bool:
     """True for a vLLM release whose stock server clamps ``max_tokens`` to the room left (0.32 on; 0.24-0.31 answer
     400). ``0.31.0+cpu`` reads as 0.31; an unreadable or unknown version as False."""
-    if not vllm_version:
-        return False
-    parts = re.findall(r"\d+", vllm_version)[:2]
-    if len(parts) < 2:
-        return False
-    return (int(parts[0]), int(parts[1])) >= STOCK_CLAMP_FROM
+    key = versions.major_minor(vllm_version)
+    return key is not None and key >= STOCK_CLAMP_FROM
 
 
 def stock_budget_warning(

@@ -20,7 +20,6 @@ Python, an unsupported version, or the CPU backend, which serves vLLM only) with
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from nemo_gym_adapter.errors import AdapterConfigError, SetupError
+from nemo_gym_adapter.runtime import versions
 from nemo_gym_adapter.runtime.server_actors import find_server_actors
 from nemo_gym_adapter.sglang import patch as sglang_patch
 from nemo_gym_adapter.vllm import patch as vllm_patch
@@ -138,7 +138,4 @@ def check_engine_available(config: Any) -> None:
 
 
 def _installed_version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return versions.installed(dist) or "unknown"
