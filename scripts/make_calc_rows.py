@@ -23,13 +23,14 @@ operations and operations training never asks for: ``log``, ``power``, ``pi``).
 
 ``calc_train_guided.jsonl`` (training operands, its own random stream: the two other files do not move with it) is a
 curriculum for the chain: depth-2 requests whose text also spells out the two calls -- "First call multiply with
-a=3.0, b=2.0; then call cos with radians= the number multiply returned." -- so that sampled rollouts pass a returned
+a=3.0, b=2.0; then call cos with radians=the number multiply returned." -- so that sampled rollouts pass a returned
 value on often enough for a GRPO group to hold both outcomes (the untrained 0.5B solved 2 of 320 sampled plain
 chained rollouts: docs/BENCHMARKS.md). The verifier is the environment's; only the request says more.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -208,7 +209,7 @@ def _call(op: str, args: list[str]) -> str:
     return f"call {TOOL_OF[op]} with {', '.join(f'{p}={a}' for p, a in zip(_params(op), args, strict=True))}"
 
 
-def guided_chain(rng: random.Random, val: bool) -> tuple[Expr, str]:
+def guided_chain(rng: random.Random, val: bool) -> tuple[list[Expr], int, str]:
     """A depth-2 expression of the training operations and the sentence that spells out its two calls, the outer
     call's returned-value argument named, not given (the model still has to copy what the first call returned)."""
     inner_op, outer_op = rng.choice(TRAIN_OPS), rng.choice(TRAIN_OPS)
@@ -224,7 +225,7 @@ def guided_chain(rng: random.Random, val: bool) -> tuple[Expr, str]:
         f" First {_call(inner_op, [a for a, _ in inner_args])}; then "
         f"{_call(outer_op, [returned if x is inner else x[0] for x in outer_args])}."
     )
-    return outer, hint
+    return [outer], 2, hint
 
 
 TRAIN_FAMILIES: dict[str, Family] = {f.__name__: f for f in (one_operation, two_values, chained)}
@@ -251,10 +252,10 @@ def tools_for(rng: random.Random, exprs: list[Expr]) -> list[dict]:
     return [t for t in TOOLS if t["name"] in chosen]
 
 
-def row(family: str, exprs: list[Expr], depth: int, index: int, tools: list[dict]) -> dict:
+def row(family: str, exprs: list[Expr], depth: int, index: int, tools: list[dict], hint: str = "") -> dict:
     return {
         "responses_create_params": {
-            "input": [{"role": "user", "content": _request(exprs)}],
+            "input": [{"role": "user", "content": _request(exprs, hint)}],
             "tools": tools,
             "parallel_tool_calls": False,
         },
@@ -267,23 +268,33 @@ def row(family: str, exprs: list[Expr], depth: int, index: int, tools: list[dict
     }
 
 
+def _fresh(draw: Callable[[], tuple[list[Expr], int, str]], name: str, seen: set[str]) -> tuple[list[Expr], int, str]:
+    """The first of up to 200 draws whose request (without its hint) is not in ``seen`` -- then added --, whose values
+    are finite and, nested, none of which one call on the expression's own literals gives (:func:`shortcuts`)."""
+    for _attempt in range(200):
+        exprs, depth, hint = draw()
+        text = _request(exprs)
+        nested = [(t, v) for t, v in exprs if depth > 1]
+        if (
+            text not in seen
+            and all(math.isfinite(v) for _, v in exprs)
+            and not any(v in shortcuts(t) for t, v in nested)
+        ):
+            seen.add(text)
+            return exprs, depth, hint
+    raise ValueError(f"{name}: no new finite expression in 200 draws")
+
+
+def _unhinted(family: Family, rng: random.Random, val: bool) -> tuple[list[Expr], int, str]:
+    exprs, depth = family(rng, val)
+    return exprs, depth, ""
+
+
 def _draw(rng: random.Random, families: dict[str, Family], per_family: int, val: bool, seen: set[str]) -> list[tuple]:
     drawn = []
     for name, family in families.items():
         for _ in range(per_family):
-            for _attempt in range(200):
-                exprs, depth = family(rng, val)
-                text = _request(exprs)
-                nested = [(t, v) for t, v in exprs if depth > 1]
-                if (
-                    text not in seen
-                    and all(math.isfinite(v) for _, v in exprs)
-                    and not any(v in shortcuts(t) for t, v in nested)
-                ):
-                    break
-            else:
-                raise ValueError(f"{name}: no new finite expression in 200 draws")
-            seen.add(text)
+            exprs, depth, _ = _fresh(functools.partial(_unhinted, family, rng, val), name, seen)
             drawn.append((name, exprs, depth, tools_for(rng, exprs)))
     rng.shuffle(drawn)
     return drawn
@@ -315,17 +326,8 @@ def make_guided(n: int, seed: int, taken: list[dict]) -> list[dict]:
     rng, seen = random.Random(seed + 2), {r["responses_create_params"]["input"][0]["content"] for r in taken}
     rows = []
     for index in range(n):
-        for _attempt in range(200):
-            (text, value), hint = guided_chain(rng, False)
-            if _request([(text, value)]) not in seen and math.isfinite(value) and value not in shortcuts(text):
-                break
-        else:
-            raise ValueError(f"guided_chain: no new finite expression in 200 draws (row {index})")
-        seen.add(_request([(text, value)]))
-        exprs = [(text, value)]
-        guided = row("guided_chain", exprs, 2, index, tools_for(rng, exprs))
-        guided["responses_create_params"]["input"][0]["content"] = _request(exprs, hint)
-        rows.append(guided)
+        exprs, depth, hint = _fresh(functools.partial(guided_chain, rng, False), "guided_chain", seen)
+        rows.append(row("guided_chain", exprs, depth, index, tools_for(rng, exprs), hint))
     return rows
 
 

@@ -8,9 +8,9 @@ Slow tier (a launch of the 0.5B model: minutes of start-up; the learning run ~1.
 * the learning run, as shipped (12 steps, greedy validation on the 50 held-out rows at steps 0, 4, 8, 12): every later
   model call spliced token for token, no trained token the model did not generate; then the issue's bar, validation
   success up by at least 0.15, reported as an expected failure while it is not met (measured: 0.34 -> 0.22 with lr 1e-4
-  on all 240 rows, the policy collapsed onto calls its parser cannot read; 0.32 -> 0.40 in 12 steps as shipped now, on the
-  rows with a mixed outcome (0.44 at step 8 in another run); docs/BENCHMARKS.md, "Answering from the tool") -- it turns into a pass,
-  loudly, the day it learns enough;
+  on all 240 rows, the policy collapsed onto calls its parser cannot read; 0.32 -> 0.40 in 12 steps as shipped now, on
+  the rows with a mixed outcome (0.44 at step 8 in another run); docs/BENCHMARKS.md, "Answering from the tool") -- it
+  turns into a pass, loudly, the day it learns enough;
 * ``train_tokens: measure_retemplated`` with the patch off, two small steps: the run trains, a share of its trained
   tokens is ones the model never generated (the re-rendered ``<tool_call>`` wrapper around its bare-JSON calls), and
   the per-turn gap shows later turns further from the actor than first turns.
