@@ -61,15 +61,9 @@ DEFAULT_TOOL_PARSER = "hermes"  # Qwen2.5's own format (<tool_call> tags), for c
 
 
 def lib_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+    from nemo_gym_adapter.runtime import versions
 
-    out = {}
-    for dist in LIBS:
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = "?"
-    return out
+    return {dist: versions.installed(dist) or "?" for dist in LIBS}
 
 
 def is_complete(m: Manifest, model_dir: Path, libs: Mapping[str, str] | None = None) -> bool:

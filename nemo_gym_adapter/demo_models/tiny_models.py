@@ -292,16 +292,13 @@ def recipe_fingerprint() -> str:
 
     Cheap (no heavy imports), so the cached path stays fast; editing the builder invalidates every cache.
     """
-    from importlib.metadata import PackageNotFoundError, version
+    from nemo_gym_adapter.runtime import versions
 
     h = hashlib.sha256(str(BUILDER_VERSION).encode())
     for module_file in (Path(__file__), Path(T.__file__)):
         h.update(module_file.read_bytes())
     for dist in ("tokenizers", "transformers", "torch", "safetensors"):
-        try:
-            h.update(f"{dist}=={version(dist)}".encode())
-        except PackageNotFoundError:
-            h.update(f"{dist}==?".encode())
+        h.update(f"{dist}=={versions.installed(dist) or '?'}".encode())
     return h.hexdigest()
 
 

