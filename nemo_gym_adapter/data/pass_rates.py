@@ -8,10 +8,14 @@ online and samples more; on a machine where a step is minutes, measuring the row
         --output measured.jsonl
     python -m nemo_gym_adapter.data.pass_rates --rows train.jsonl --rollouts measured.jsonl --out mixed.jsonl
 
-keeps, in file order and byte for byte, the rows whose pass rate ``p`` (rollouts with reward > 0 among the unmasked
-ones) satisfies ``above < p < below`` (default ``0 < p < 1``: mixed outcomes), and says for every row of ``--rows``
-which way it went: kept, never solved, always solved, outside the range, not measured (no rollout of it in the files),
-only masked. A rollout is matched to its row by what was asked -- the row's input messages and its tools' names, as
+keeps, in file order and byte for byte, the rows whose pass rate ``p`` (rollouts solved among the unmasked ones:
+reward > 0, or reward >= ``--success-threshold`` as the recipe's ``nemo_gym.metrics.success_threshold``) satisfies
+``above < p < below`` (default ``0 < p < 1``: mixed outcomes), and says for every row of ``--rows`` which way it
+went: kept, never solved, always solved, outside the range, not measured (no rollout of it in the files), only masked.
+With a shaped reward (Gym's reward not only 0 or 1) a row can be solved by every sample and still teach GRPO -- its
+rewards differ, so its advantages are not zero: ``--by reward`` keeps the rows whose unmasked rewards are not all
+equal, what verl's online group filter (``algorithm.filter_groups``, metric ``gym_outcome``) keeps, and by default
+such rows are counted in a note. A rollout is matched to its row by what was asked -- the row's input messages and its tools' names, as
 Gym echoes them in the rollout's ``responses_create_params`` -- not by a position, so files of several runs, ``--limit``
 and ``--repeats`` all work. A rollout that matches no row is counted, never guessed.
 """
@@ -23,7 +27,7 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +63,12 @@ class Tally:
     solved: int = 0
     unsolved: int = 0
     masked: int = 0
+    rewards: set[float] = field(default_factory=set)  # the distinct rewards of the unmasked rollouts
+
+    @property
+    def spread(self) -> bool:
+        """The unmasked rollouts' rewards differ: GRPO's advantages are not all zero."""
+        return len(self.rewards) > 1
 
     @property
     def rate(self) -> float | None:
@@ -71,6 +81,7 @@ class Selection:
     kept: list[str]  # the kept rows' lines, as written
     verdicts: list[tuple[int, str, float | None]]  # (line number, verdict, pass rate) for every row of --rows
     unmatched_rollouts: int = 0
+    spread_not_kept: int = 0  # rows never or always solved whose rewards differ (a shaped reward's signal)
 
     @property
     def counts(self) -> Counter[str]:
@@ -78,7 +89,12 @@ class Selection:
         return Counter(verdict for _, verdict, _ in self.verdicts)
 
 
-def tally(rollouts: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Tally], int]:
+def is_solved(reward: float, threshold: float | None = None) -> bool:
+    """Gym's reward as a success: ``reward > 0``, or ``reward >= threshold`` when one is given (the recipe's rule)."""
+    return reward > 0 if threshold is None else reward >= threshold
+
+
+def tally(rollouts: Iterable[Mapping[str, Any]], threshold: float | None = None) -> tuple[dict[str, Tally], int]:
     """Per request key, the rollouts solved, unsolved and masked; and how many rollouts carried no request."""
     out: dict[str, Tally] = {}
     no_request = 0
@@ -92,10 +108,12 @@ def tally(rollouts: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Tally], int]
         reward = r.get("reward")
         if r.get("masked_reason") or reward is None:
             t.masked += 1
-        elif float(reward) > 0:
-            t.solved += 1
         else:
-            t.unsolved += 1
+            t.rewards.add(float(reward))
+            if is_solved(float(reward), threshold):
+                t.solved += 1
+            else:
+                t.unsolved += 1
     return out, no_request
 
 
@@ -104,8 +122,10 @@ def select(
     tallies: Mapping[str, Tally],
     above: float = 0.0,
     below: float = 1.0,
+    by: str = "success",
 ) -> Selection:
-    """``rows``: (line number, line as written, parsed row). Keeps ``above < pass rate < below``."""
+    """``rows``: (line number, line as written, parsed row). Keeps ``above < pass rate < below`` (``by="success"``)
+    or the rows whose rewards differ (``by="reward"``)."""
     sel = Selection(kept=[], verdicts=[])
     used = set()
     for number, line, row in rows:
@@ -117,7 +137,7 @@ def select(
             verdict = UNMEASURED
         elif rate is None:
             verdict = MASKED
-        elif above < rate < below:
+        elif t.spread if by == "reward" else above < rate < below:
             verdict = KEPT
             sel.kept.append(line)
         elif rate == 0.0:
@@ -127,6 +147,8 @@ def select(
         else:
             verdict = OUTSIDE
         sel.verdicts.append((number, verdict, rate))
+        if verdict in (NEVER, ALWAYS) and t is not None and t.spread:
+            sel.spread_not_kept += 1
     sel.unmatched_rollouts = sum(t.solved + t.unsolved + t.masked for k, t in tallies.items() if k not in used)
     return sel
 
@@ -138,6 +160,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="where the kept rows go (JSONL, rows as written)")
     p.add_argument("--above", type=float, default=0.0, help="keep pass rates above this (default 0)")
     p.add_argument("--below", type=float, default=1.0, help="keep pass rates below this (default 1)")
+    p.add_argument(
+        "--success-threshold",
+        type=float,
+        default=None,
+        help="a rollout is solved when its reward is at least this (default: reward > 0), as nemo_gym.metrics",
+    )
+    p.add_argument(
+        "--by",
+        choices=("success", "reward"),
+        default="success",
+        help="success: keep pass rates in (--above, --below); reward: keep rows whose rewards differ (verl's filter)",
+    )
     args = p.parse_args(argv)
     if not 0.0 <= args.above < args.below <= 1.0:
         p.error(f"need 0 <= --above < --below <= 1, got {args.above} and {args.below}")
@@ -150,8 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    tallies, no_request = tally(rollouts)
-    sel = select(rows, tallies, args.above, args.below)
+    tallies, no_request = tally(rollouts, args.success_threshold)
+    sel = select(rows, tallies, args.above, args.below, args.by)
     if no_request or sel.unmatched_rollouts:
         print(
             f"note: of {len(rollouts)} rollouts, {sel.unmatched_rollouts} asked for no row of {args.rows} (rows of "
@@ -159,8 +193,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "collect --output line: a training run's dump has no responses_create_params)",
             file=sys.stderr,
         )
+    if sel.spread_not_kept:
+        print(
+            f"note: {sel.spread_not_kept} rows never or always solved got different rewards (a shaped reward): their "
+            "groups carry signal for GRPO; --by reward keeps them, as verl's group filter does",
+            file=sys.stderr,
+        )
     if not sel.kept:
-        print(f"error: no row of {args.rows} has a pass rate in ({args.above}, {args.below}); {_summary(sel)}")
+        wanted = "rewards that differ" if args.by == "reward" else f"a pass rate in ({args.above}, {args.below})"
+        print(f"error: no row of {args.rows} has {wanted}; {_summary(sel)}")
         return 1
     args.out.write_text("".join(line + "\n" for line in sel.kept), encoding="utf-8")
     print(f"{len(sel.kept)} of {len(rows)} rows -> {args.out}; {_summary(sel)}")

@@ -39,6 +39,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nemo_gym_adapter.data.pass_rates import is_solved  # the one success rule: offline selection and metrics
 from nemo_gym_adapter.rollouts.reward_components import component_metrics
 from nemo_gym_adapter.rollouts.trajectory import MaskReason, Trajectory
 
@@ -51,10 +52,6 @@ def scope_name(name: str) -> str:
     """The metric-key part of an environment name (``/`` → ``_``; never the overall scope's name)."""
     part = name.replace("/", "_") or "unknown"
     return "env_all" if part == ALL_SCOPE else part  # never shadow the overall scope
-
-
-def _is_success(reward: float, threshold: float | None) -> bool:
-    return reward > 0 if threshold is None else reward >= threshold
 
 
 def _scope_metrics(
@@ -74,7 +71,7 @@ def _scope_metrics(
     if valid:
         rewards = np.array([t.gym_reward for t in valid], dtype=np.float64)
         out["reward_mean"] = float(rewards.mean())
-        out["success_rate"] = float(np.mean([_is_success(r, threshold) for r in rewards]))
+        out["success_rate"] = float(np.mean([is_solved(r, threshold) for r in rewards]))
         out["num_turns_mean"] = float(np.mean([t.num_turns for t in valid]))
         generated = [t.num_generated for t in valid]
         out["generated_tokens_mean"] = float(np.mean(generated))

@@ -131,3 +131,25 @@ def test_an_empty_or_impossible_range_is_refused(tmp_path, bounds):
     with pytest.raises(SystemExit) as e:
         pass_rates.main(["--rows", "r", "--rollouts", "x", "--out", "o", *bounds])
     assert e.value.code == 2
+
+
+def test_a_shaped_reward_row_always_solved_is_kept_by_reward_as_verls_filter_keeps_it(tmp_path, capsys):
+    # the "always" row: rewards 1.0 and 0.5, both solved (> 0), yet its GRPO advantages are not zero
+    rows = _write(tmp_path / "rows.jsonl", ROWS)
+    roll = _write(tmp_path / "r.jsonl", _rollouts())
+    out = tmp_path / "kept.jsonl"
+    args = ["--rows", str(rows), "--rollouts", str(roll), "--out", str(out)]
+    assert pass_rates.main(args) == 0
+    assert [json.loads(line)["family"] for line in out.read_text().splitlines()] == ["a"]
+    assert "1 rows never or always solved got different rewards" in capsys.readouterr().err
+    assert pass_rates.main(args + ["--by", "reward"]) == 0
+    assert [json.loads(line)["family"] for line in out.read_text().splitlines()] == ["a", "c"]
+    assert "different rewards" not in capsys.readouterr().err
+
+
+def test_the_success_threshold_is_the_recipes_rule(tmp_path):
+    tallies, _ = pass_rates.tally(_rollouts(), threshold=0.75)  # the "always" row's 0.5 is now a failure
+    numbered = [(i + 1, json.dumps(r), r) for i, r in enumerate(ROWS)]
+    sel = pass_rates.select(numbered, tallies)
+    assert [v for _, v, _ in sel.verdicts][:3] == ["kept", "never_solved", "kept"]
+    assert not pass_rates.is_solved(0.5, 0.75) and pass_rates.is_solved(0.75, 0.75) and not pass_rates.is_solved(0.0)
