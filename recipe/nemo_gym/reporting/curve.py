@@ -24,14 +24,14 @@ The plot is :mod:`recipe.nemo_gym.reporting.plot`'s, the command :mod:`recipe.ne
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nemo_gym_adapter.errors import AdapterError
+from nemo_gym_adapter.data.jsonl import read_objects
+from nemo_gym_adapter.errors import AdapterError, DatasetError
 
 ALL_SCOPE = "all"
 VERL_SCORE_KEY = "critic/score/mean"
@@ -79,31 +79,26 @@ def load_step_metrics(path: str | Path) -> dict[int, dict[str, float]]:
             ``file:line``), or no line at all.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise MetricsFileError(f"{path}: cannot read metrics file ({e})") from e
+    if not path.is_file():
+        raise MetricsFileError(
+            f"{path}: cannot read metrics file ({'a directory' if path.is_dir() else 'no such file'})"
+        )
     steps: dict[int, dict[str, float]] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise MetricsFileError(f"{where}: not JSON ({e.msg} at column {e.colno})") from e
-        if not isinstance(record, dict):
-            raise MetricsFileError(f'{where}: expected {{"step": N, "data": {{...}}}}, got {type(record).__name__}')
-        step, data = record.get("step"), record.get("data")
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise MetricsFileError(f"{where}: 'step' must be an integer, got {step!r}")
-        if not isinstance(data, dict):
-            raise MetricsFileError(f"{where}: 'data' must be an object of metrics, got {type(data).__name__}")
-        merged = steps.setdefault(step, {})
-        for key, value in data.items():
-            # verl logs numbers (numpy scalars serialised as numbers); anything else is not a curve point.
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                merged[key] = float(value)
+    try:  # lines as the rows' reader takes them (BOM, CRLF, blank lines; file:line in every error)
+        for lineno, _, record in read_objects(str(path)):
+            where = f"{path}:{lineno}"
+            step, data = record.get("step"), record.get("data")
+            if not isinstance(step, int) or isinstance(step, bool):
+                raise MetricsFileError(f"{where}: 'step' must be an integer, got {step!r}")
+            if not isinstance(data, dict):
+                raise MetricsFileError(f"{where}: 'data' must be an object of metrics, got {type(data).__name__}")
+            merged = steps.setdefault(step, {})
+            for key, value in data.items():
+                # verl logs numbers (numpy scalars serialised as numbers); anything else is not a curve point.
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    merged[key] = float(value)
+    except DatasetError as e:
+        raise MetricsFileError(str(e)) from e
     if not steps:
         raise MetricsFileError(f"{path}: no metrics (empty file; was trainer.logger=[console,file] set?)")
     return dict(sorted(steps.items()))

@@ -63,7 +63,7 @@ def test_ratio_is_nan_when_the_first_window_is_zero(tmp_path):
 @pytest.mark.parametrize(
     ("content", "where", "says"),
     [
-        ('{"step": 1, "data": {}}\n{"step": 2, "data": {}\n', ":2:", "not JSON"),
+        ('{"step": 1, "data": {}}\n{"step": 2, "data": {}\n', ":2:", "invalid JSON"),
         ('{"step": 1, "data": {}}\n\n[1, 2]\n', ":3:", "got list"),
         ('{"step": "1", "data": {}}\n', ":1:", "'step' must be an integer"),
         ('{"step": 1, "data": [1]}\n', ":1:", "'data' must be an object"),

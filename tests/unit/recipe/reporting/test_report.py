@@ -38,7 +38,7 @@ def test_cli_writes_the_png_and_reports_errors(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"step": 1, "data": {}}\nnot json\n')
     assert main([str(bad), "-o", str(tmp_path / "x.png")]) == 1
-    assert f"{bad}:2: not JSON" in capsys.readouterr().err
+    assert f"{bad}:2: invalid JSON" in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
 
 
