@@ -99,6 +99,8 @@ def load_step_metrics(path: str | Path) -> dict[int, dict[str, float]]:
                     merged[key] = float(value)
     except DatasetError as e:
         raise MetricsFileError(str(e)) from e
+    except OSError as e:  # unreadable (permissions): named as before
+        raise MetricsFileError(f"{path}: cannot read metrics file ({e})") from e
     if not steps:
         raise MetricsFileError(f"{path}: no metrics (empty file; was trainer.logger=[console,file] set?)")
     return dict(sorted(steps.items()))
