@@ -15,9 +15,9 @@ went: kept, never solved, always solved, outside the range, not measured (no rol
 With a shaped reward (Gym's reward not only 0 or 1) a row can be solved by every sample and still teach GRPO -- its
 rewards differ, so its advantages are not zero: ``--by reward`` keeps the rows whose unmasked rewards are not all
 equal, what verl's online group filter (``algorithm.filter_groups``, metric ``gym_outcome``) keeps, and by default
-such rows are counted in a note. A rollout is matched to its row by what was asked -- the row's input messages and its tools' names, as
-Gym echoes them in the rollout's ``responses_create_params`` -- not by a position, so files of several runs, ``--limit``
-and ``--repeats`` all work. A rollout that matches no row is counted, never guessed.
+such rows are counted in a note. A rollout is matched to its row by what was asked -- the row's input messages and
+its tools' names, as Gym echoes them in the rollout's ``responses_create_params`` -- not by a position, so files of
+several runs, ``--limit`` and ``--repeats`` all work. A rollout that matches no row is counted, never guessed.
 """
 
 from __future__ import annotations
